@@ -22,7 +22,8 @@ def scores(q: torch.Tensor, k: torch.Tensor, is_causal: bool) -> torch.Tensor:
     """S = Q K^T / sqrt(d), masked, in q's dtype."""
     s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
     if is_causal:
-        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), MASK_FILL)
+        fill = max(MASK_FILL, torch.finfo(s.dtype).min)  # -1e6 overflows float16
+        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), fill)
     return s
 
 

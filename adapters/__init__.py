@@ -1,0 +1,1 @@
+"""How a submission is found, loaded and run: discovery, the isolated runner and its client."""

@@ -1,0 +1,70 @@
+"""Attention test cases and their inputs, drawn the same way in the harness and the runner.
+
+A case is plain data (it travels to the runner as JSON). Inputs come from a CPU generator seeded
+by the run's seed and the case, so the runner and the harness, in different processes, draw
+identical tensors without ever sending them across.
+"""
+import zlib
+from dataclasses import asdict, dataclass
+
+import torch
+
+DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
+          "float64": torch.float64}
+SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+
+
+@dataclass(frozen=True)
+class FlashCase:
+    batch: tuple = (4,)  # leading dims: (B,) gives 3-D inputs, (B, H) gives 4-D
+    n_queries: int = 128
+    n_keys: int = 128
+    head_dim: int = 64
+    dtype: str = "float32"
+    is_causal: bool = False
+    noncontiguous: bool = False  # q, k, v and dO arrive as strided views, not contiguous
+    score_scale: float = 1.0  # q and k are multiplied by this: large-magnitude scores
+
+    @property
+    def id(self) -> str:
+        parts = [SHORT[self.dtype], f"{self.n_queries}x{self.n_keys}", f"d{self.head_dim}",
+                 "causal" if self.is_causal else "full"]
+        if len(self.batch) != 1:
+            parts.append(f"{len(self.batch) + 2}d")
+        if self.noncontiguous:
+            parts.append("strided")
+        if self.score_scale != 1.0:
+            parts.append(f"x{self.score_scale:g}")
+        return "-".join(parts)
+
+    @property
+    def torch_dtype(self) -> torch.dtype:
+        return DTYPES[self.dtype]
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_json(cls, data: dict) -> "FlashCase":
+        return cls(**{**data, "batch": tuple(data["batch"])})
+
+
+def _draw(shape, generator, case: FlashCase, device, scale=1.0) -> torch.Tensor:
+    *batch, n, d = shape
+    if case.noncontiguous:  # drawn as (N, *batch, d), then viewed as (*batch, N, d)
+        t = torch.randn((n, *batch, d), generator=generator).movedim(0, -2)
+    else:
+        t = torch.randn(shape, generator=generator)
+    return (t * scale).to(device=device, dtype=case.torch_dtype)
+
+
+def make_inputs(case: FlashCase, seed: int, device="cpu"):
+    """q, k, v and the upstream gradient dO for `case` under `seed`."""
+    generator = torch.Generator().manual_seed(seed ^ zlib.crc32(case.id.encode()))
+    q_shape = (*case.batch, case.n_queries, case.head_dim)
+    kv_shape = (*case.batch, case.n_keys, case.head_dim)
+    q = _draw(q_shape, generator, case, device, case.score_scale)
+    k = _draw(kv_shape, generator, case, device, case.score_scale)
+    v = _draw(kv_shape, generator, case, device)
+    do = _draw(q_shape, generator, case, device)
+    return q, k, v, do

@@ -1,0 +1,34 @@
+"""Call an attention autograd.Function the way the course's tests do, and collect what it gives.
+
+Runs in the submission's process (the runner) and in the project's own tests. It only gathers
+tensors; judging them is the harness's job.
+"""
+import torch
+
+
+def find_lse(output: torch.Tensor, q: torch.Tensor):
+    """The saved tensors of shape q.shape[:-1], as the course's tests look for L."""
+    node = output.grad_fn
+    saved = getattr(node, "saved_tensors", ()) if node is not None else ()
+    return [t for t in saved if isinstance(t, torch.Tensor) and t.shape == q.shape[:-1]]
+
+
+def forward(cls, q, k, v, is_causal):
+    """Forward only. Returns (o, lse_candidates) with o still attached to the graph."""
+    q, k, v = (t.detach().requires_grad_(True) for t in (q, k, v))
+    o = cls.apply(q, k, v, is_causal)
+    return (q, k, v), o, find_lse(o, q)
+
+
+def backward(inputs, o, do):
+    """Backward from dO; returns dq, dk, dv (None where the submission gave none)."""
+    o.backward(do)
+    return tuple(t.grad for t in inputs)
+
+
+def run_flash(cls, q, k, v, do, is_causal) -> dict:
+    """Forward and backward in one go; used by the project's tests."""
+    inputs, o, lse = forward(cls, q, k, v, is_causal)
+    dq, dk, dv = backward(inputs, o, do)
+    return {"o": o.detach(), "L": lse[0].detach() if len(lse) == 1 else None, "n_lse": len(lse),
+            "dq": dq, "dk": dk, "dv": dv}
