@@ -1,0 +1,97 @@
+"""What the runner watches while a submission's attention runs.
+
+- Triton launches: every JITFunction / InterpretedFunction `.run` is counted, which covers
+  `kernel[grid](...)`, autotuned kernels and the interpreter alike.
+- Forbidden ops: SDPA, flash_attn and cuDNN attention, seen both as Python calls (a torch
+  function mode) and as aten ops (a dispatch mode), since either can be the way in.
+- The largest tensor any aten op produced, to spot an Nq x Nk score matrix on the CPU.
+"""
+import sys
+from collections import Counter
+
+import torch
+from torch.overrides import TorchFunctionMode
+from torch.utils._python_dispatch import TorchDispatchMode
+
+FORBIDDEN_ATEN = ("scaled_dot_product", "flash_attention", "efficient_attention", "cudnn_attention")
+
+triton_launches = Counter()
+
+
+def install_triton_launch_counter() -> bool:
+    """Patch Triton's kernel classes so each launch is counted. False if Triton is absent."""
+    try:
+        from triton.runtime.jit import JITFunction
+    except Exception:
+        return False
+    classes = [JITFunction]
+    try:
+        from triton.runtime.interpreter import InterpretedFunction
+        classes.append(InterpretedFunction)
+    except Exception:
+        pass
+    for cls in classes:
+        original = cls.run
+
+        def run(self, *args, _original=original, **kwargs):
+            if not kwargs.get("warmup", False):
+                triton_launches[getattr(self, "__name__", "kernel")] += 1
+            return _original(self, *args, **kwargs)
+
+        cls.run = run
+    return True
+
+
+class _FunctionWatch(TorchFunctionMode):
+    def __init__(self, seen: Counter):
+        super().__init__()
+        self.seen = seen
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        if getattr(func, "__name__", "") == "scaled_dot_product_attention":
+            self.seen["scaled_dot_product_attention"] += 1
+        return func(*args, **(kwargs or {}))
+
+
+class _DispatchWatch(TorchDispatchMode):
+    def __init__(self, seen: Counter):
+        super().__init__()
+        self.seen = seen
+        self.largest = (0, ())  # numel and shape of the largest op output
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        name = func.__name__
+        if any(key in name for key in FORBIDDEN_ATEN):
+            self.seen[name.split(".")[0]] += 1
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.numel() > self.largest[0]:
+                self.largest = (t.numel(), tuple(t.shape))
+        return out
+
+
+class Watch:
+    """Context manager: `with Watch() as w: ...` then read w.report()."""
+
+    def __init__(self):
+        self.forbidden = Counter()
+        self._function = _FunctionWatch(self.forbidden)
+        self._dispatch = _DispatchWatch(self.forbidden)
+
+    def __enter__(self):
+        self._launches_before = Counter(triton_launches)
+        self._function.__enter__()
+        self._dispatch.__enter__()
+        return self
+
+    def __exit__(self, *exc):
+        self._dispatch.__exit__(*exc)
+        self._function.__exit__(*exc)
+        if "flash_attn" in sys.modules:
+            self.forbidden["flash_attn (imported)"] += 1
+        return False
+
+    def report(self) -> dict:
+        launched = triton_launches - self._launches_before
+        return {"triton_launches": dict(launched), "forbidden_ops": dict(self.forbidden),
+                "largest_numel": self._dispatch.largest[0], "largest_shape": list(self._dispatch.largest[1])}

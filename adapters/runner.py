@@ -1,0 +1,177 @@
+"""The runner: the only process that ever imports a submission's code.
+
+Started by adapters.client as `python -m adapters.runner READ_FD WRITE_FD`, with its working
+directory in a private copy of the submission and its output going to a log file. It imports
+the adapters file, then serves requests: build inputs from a seed and a case, run the student's
+code, write the raw tensors to the exchange folder and say what happened. It judges nothing:
+the harness compares what comes back with an oracle the runner never sees.
+"""
+import importlib
+import importlib.util
+import os
+import sys
+import tempfile
+import time
+import traceback
+from pathlib import Path
+
+# Trusted modules load before the submission's root joins sys.path, so a student package
+# called `torch`, `triton` or `adapters` cannot shadow them.
+import torch
+
+from adapters import instruments
+from adapters.cases import FlashCase, make_inputs
+from adapters.channel import Channel
+from adapters import flash_call
+
+try:
+    import triton  # noqa: F401
+except Exception:
+    pass
+
+FLASH_SLOTS = {
+    "pytorch": "get_flashattention_autograd_function_pytorch",
+    "triton": "get_flashattention_autograd_function_triton",
+}
+
+
+class NotAttempted(Exception):
+    pass
+
+
+def _fake_metadata(root: Path) -> str:
+    """A dist-info for the repo's own packages, so `importlib.metadata.version("cs336-systems")`
+    works in a plain checkout as it does after the course's `uv run` installed it."""
+    names = set()
+    pyproject = root / "pyproject.toml"
+    if pyproject.exists():
+        import tomllib
+        try:
+            names.add(tomllib.loads(pyproject.read_text()).get("project", {}).get("name", ""))
+        except Exception:
+            pass
+    names |= {p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("cs336")}
+    site = tempfile.mkdtemp(prefix="runner-metadata-")
+    for name in filter(None, names):
+        dist = Path(site) / f"{name.replace('-', '_')}-0.0.0.dist-info"
+        dist.mkdir()
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
+    return site
+
+
+def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
+    sys.path[:0] = [str(root)] + [str(root / p) for p in extra_paths] + [_fake_metadata(root)]
+    relative = adapters_file.relative_to(root)
+    if len(relative.parts) == 2 and (root / relative.parts[0] / "__init__.py").exists():
+        return importlib.import_module(f"{relative.parts[0]}.{relative.stem}")  # e.g. tests.adapters
+    spec = importlib.util.spec_from_file_location("submission_adapters", adapters_file)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["submission_adapters"] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def get_function(module, name: str):
+    fn = getattr(module, name, None)
+    if fn is None:
+        raise NotAttempted(f"tests/adapters.py has no {name}")
+    return fn
+
+
+def call_adapter(module, name, *args):
+    fn = get_function(module, name)
+    try:
+        return fn(*args)
+    except NotImplementedError as exc:
+        raise NotAttempted(f"{name} raised NotImplementedError{': ' + str(exc) if str(exc) else ''}")
+
+
+class Runner:
+    def __init__(self, channel: Channel, module, exchange: Path):
+        self.channel, self.module, self.exchange = channel, module, exchange
+
+    def phase(self, name: str) -> None:
+        self.channel.send({"event": "phase", "phase": name})
+
+    def save(self, tag: str, tensors: dict) -> str:
+        path = self.exchange / f"{tag}.pt"
+        torch.save({k: v.detach().cpu() for k, v in tensors.items() if isinstance(v, torch.Tensor)}, path)
+        return str(path)
+
+    def op_flash(self, request: dict) -> dict:
+        case = FlashCase.from_json(request["case"])
+        cls = call_adapter(self.module, FLASH_SLOTS[request["slot"]])
+        q, k, v, do = make_inputs(case, request["seed"], request["device"])
+        originals = [t.clone() for t in (q, k, v, do)]
+        result, tensors = {}, {}
+
+        self.phase("forward")
+        with instruments.Watch() as watch:
+            inputs, o, lse = flash_call.forward(cls, q, k, v, case.is_causal)
+            if o.is_cuda:
+                torch.cuda.synchronize()
+        result["forward"] = watch.report()
+        result["n_lse"] = len(lse)
+        result["lse_dtypes"] = [str(t.dtype).replace("torch.", "") for t in lse]
+        tensors["o"] = o
+        if len(lse) == 1:
+            tensors["L"] = lse[0]
+
+        if request.get("backward", True):
+            self.phase("backward")
+            with instruments.Watch() as watch:
+                grads = flash_call.backward(inputs, o, do)
+                if o.is_cuda:
+                    torch.cuda.synchronize()
+            result["backward"] = watch.report()
+            tensors.update({name: g for name, g in zip(("dq", "dk", "dv"), grads) if g is not None})
+        result["inputs_unchanged"] = all(torch.equal(a, b) for a, b in zip(originals, (q, k, v, do)))
+        result["tensors"] = self.save(request["tag"], tensors)
+        return result
+
+    def serve(self) -> None:
+        while True:
+            request = self.channel.receive()
+            op = getattr(self, f"op_{request['op']}", None)
+            start = time.perf_counter()
+            try:
+                result = op(request)
+                reply = {"event": "done", "status": "ok", "result": result}
+            except NotAttempted as exc:
+                reply = {"event": "done", "status": "not_attempted", "message": str(exc)}
+            except BaseException as exc:  # the student's exception, SystemExit included
+                reply = {"event": "done", "status": "error", "message": describe(exc),
+                         "traceback": traceback.format_exc(limit=-8)}
+            reply["seconds"] = time.perf_counter() - start
+            self.channel.send(reply)
+
+
+def main() -> None:
+    channel = Channel(int(sys.argv[1]), int(sys.argv[2]))
+    config = channel.receive()
+    instruments.install_triton_launch_counter()
+    root = Path(config["root"])
+    adapters_file = root / config["adapters_file"]
+    os.chdir(root)
+    try:
+        module = load_adapters(root, adapters_file, config.get("extra_paths", []))
+    except BaseException as exc:
+        channel.send({"event": "ready", "import_error":
+                      f"{config['adapters_file']} failed to import: {describe(exc)}",
+                      "traceback": traceback.format_exc(limit=-8)})
+        return
+    functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))
+    channel.send({"event": "ready", "import_error": None, "functions": functions,
+                  "cuda": torch.cuda.is_available(), "torch": torch.__version__})
+    Runner(channel, module, Path(config["exchange"])).serve()
+
+
+if __name__ == "__main__":
+    main()

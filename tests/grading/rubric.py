@@ -1,0 +1,36 @@
+"""The rubric: points, visibility, timeouts and timing budgets, from rubric.yaml."""
+from pathlib import Path
+
+import yaml
+
+DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+
+
+class Rubric:
+    def __init__(self, path: Path | None = None):
+        self.path = Path(path or DEFAULT_RUBRIC)
+        data = yaml.safe_load(self.path.read_text())
+        self.timeouts = data.get("timeouts", {})
+        self.parts = data.get("parts", {})
+        self.budgets = data.get("budgets", {})
+        self.groups = {}
+        for key, value in data.get("groups", {}).items():
+            value = value if isinstance(value, dict) else {"points": value}
+            self.groups[key] = {"points": float(value.get("points", 0)),
+                                "visibility": value.get("visibility", "visible")}
+
+    def group_of(self, part: str, check: str, tier: str) -> str:
+        """The most specific group naming this check: part.check.tier, then part.check, then part."""
+        for key in (f"{part}.{check}.{tier}", f"{part}.{check}", part):
+            if key in self.groups:
+                return key
+        return f"{part}.{check}.{tier}"  # unknown to the rubric: worth 0 points
+
+    def points(self, group: str) -> float:
+        return self.groups.get(group, {}).get("points", 0.0)
+
+    def visibility(self, group: str) -> str:
+        return self.groups.get(group, {}).get("visibility", "visible")
+
+    def timeout(self, name: str) -> float:
+        return float(self.timeouts.get(name, 60))
