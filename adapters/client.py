@@ -32,6 +32,7 @@ class Reply:
     result: dict = field(default_factory=dict)
     traceback: str = ""
     seconds: float = 0.0
+    phases: dict = field(default_factory=dict)  # phase name -> monotonic time its message came
 
     @property
     def ok(self) -> bool:
@@ -113,6 +114,7 @@ class SubmissionRunner:
     def _wait_done(self, phase: str, timeout: float, event: str = "done"):
         """Wait for the message `event`, following phase updates. A Reply means failure."""
         deadline = time.monotonic() + timeout
+        self.phases = {}
         while True:
             try:
                 message = self.channel.receive(timeout=max(0.0, deadline - time.monotonic()))
@@ -127,6 +129,7 @@ class SubmissionRunner:
                 return Reply("crash", f"{how} during {phase}")
             if message.get("event") == "phase":
                 phase = message["phase"]
+                self.phases[phase] = time.monotonic()
             elif message.get("event") == event:
                 return message
 
@@ -138,14 +141,19 @@ class SubmissionRunner:
                 return Reply("import_error", ready["import_error"], traceback=ready.get("traceback", ""))
         self.calls += 1
         request = {**request, "tag": f"call{self.calls}"}
-        self.channel.send(request)
+        try:
+            self.channel.send(request)
+        except BrokenPipeError:
+            self.process.wait()
+            self.stop()
+            return Reply("crash", "the runner had already exited before the call")
         message = self._wait_done("setup", timeout)
         if isinstance(message, Reply):
             if what:
                 message.message += f" ({what})"
             return message
         return Reply(message["status"], message.get("message", ""), message.get("result", {}),
-                     message.get("traceback", ""), message.get("seconds", 0.0))
+                     message.get("traceback", ""), message.get("seconds", 0.0), self.phases)
 
     def load_tensors(self, reply: Reply) -> dict:
         path = reply.result.get("tensors")

@@ -4,7 +4,8 @@
   `kernel[grid](...)`, autotuned kernels and the interpreter alike.
 - Forbidden ops: SDPA, flash_attn and cuDNN attention, seen both as Python calls (a torch
   function mode) and as aten ops (a dispatch mode), since either can be the way in.
-- The largest tensor any aten op produced, to spot an Nq x Nk score matrix on the CPU.
+- The largest tensor any aten op produced, to spot an Nq x Nk score matrix on the CPU, and
+  on a GPU the peak of extra device memory.
 """
 import sys
 from collections import Counter
@@ -77,9 +78,14 @@ class Watch:
         self.forbidden = Counter()
         self._function = _FunctionWatch(self.forbidden)
         self._dispatch = _DispatchWatch(self.forbidden)
+        self.peak_bytes = None  # extra device memory at the peak, on a GPU
 
     def __enter__(self):
         self._launches_before = Counter(triton_launches)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            torch.cuda.reset_peak_memory_stats()
+            self._allocated_before = torch.cuda.memory_allocated()
         self._function.__enter__()
         self._dispatch.__enter__()
         return self
@@ -87,6 +93,9 @@ class Watch:
     def __exit__(self, *exc):
         self._dispatch.__exit__(*exc)
         self._function.__exit__(*exc)
+        if torch.cuda.is_available():
+            torch.cuda.synchronize()
+            self.peak_bytes = torch.cuda.max_memory_allocated() - self._allocated_before
         if "flash_attn" in sys.modules:
             self.forbidden["flash_attn (imported)"] += 1
         return False
@@ -94,4 +103,5 @@ class Watch:
     def report(self) -> dict:
         launched = triton_launches - self._launches_before
         return {"triton_launches": dict(launched), "forbidden_ops": dict(self.forbidden),
-                "largest_numel": self._dispatch.largest[0], "largest_shape": list(self._dispatch.largest[1])}
+                "largest_numel": self._dispatch.largest[0], "largest_shape": list(self._dispatch.largest[1]),
+                "peak_bytes": self.peak_bytes}

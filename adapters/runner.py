@@ -136,6 +136,28 @@ class Runner:
         result["tensors"] = self.save(request["tag"], tensors)
         return result
 
+    def op_time_flash(self, request: dict) -> dict:
+        """Forward + backward `iters` times on inputs rotated through fresh seeds.
+
+        The harness times this call from the outside, between the 'timed' and 'saving'
+        messages, so patched clocks in here change nothing; the last call's outputs come back
+        to be judged, so cached or replayed results fail.
+        """
+        case = FlashCase.from_json(request["case"])
+        cls = call_adapter(self.module, FLASH_SLOTS[request["slot"]])
+        seeds = request["seeds"]
+        inputs = [make_inputs(case, seed, request["device"]) for seed in seeds]
+        self.phase("warmup")
+        for q, k, v, do in inputs[:3]:
+            flash_call.run_flash(cls, q, k, v, do, case.is_causal)
+        torch.cuda.synchronize()
+        self.phase("timed")
+        for q, k, v, do in inputs:
+            got = flash_call.run_flash(cls, q, k, v, do, case.is_causal)
+        torch.cuda.synchronize()
+        self.phase("saving")
+        return {"tensors": self.save(request["tag"], got), "iters": len(seeds)}
+
     def serve(self) -> None:
         while True:
             request = self.channel.receive()

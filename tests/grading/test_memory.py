@@ -1,0 +1,45 @@
+"""Memory: the forward never holds an Nq x Nk score matrix; the backward recomputes P.
+
+On a CPU the runner watches every aten op's output (a dispatch mode) and reports the largest;
+that sees PyTorch code only, so the Triton slot is measured on a GPU, by peak device memory at
+a length where one N x N matrix would dwarf everything else.
+"""
+import pytest
+
+from adapters.cases import FlashCase
+from tests.grading.matrix import MEMORY_CASE
+from tests.grading.test_flash import run_case
+
+GPU_CASE = FlashCase(batch=(1,), n_queries=16384, n_keys=16384, head_dim=64, dtype="bfloat16", is_causal=True)
+
+
+def _limit_bytes(case) -> int:
+    """Generous O(N d): 32 copies of q, plus 64 MiB for allocator slack and fp32 accumulators."""
+    q_bytes = case.n_queries * case.head_dim * 2 * max(1, len(case.batch))
+    return 32 * q_bytes + (64 << 20)
+
+
+@pytest.mark.parametrize("phase", ["forward", "backward"])
+@pytest.mark.parametrize("slot", ["pytorch", "triton"])
+def test_no_score_matrix(grading, submission, check, slot, phase):
+    case = GPU_CASE if grading.on_gpu else MEMORY_CASE
+    c = check("memory", phase, f"{slot}-{case.id}", "memory")
+    if slot == "triton" and not grading.on_gpu:
+        c.skip("Triton's memory is measured on a GPU; the interpreter's numpy arrays are invisible on a CPU")
+    reply, _ = run_case(grading, submission, slot, case)
+    c.settle_reply(reply)
+    seen = reply.result[phase]
+    scores = case.n_queries * case.n_keys
+    if grading.on_gpu:
+        limit, peak = _limit_bytes(case), seen["peak_bytes"]
+        memory = {"n": [case.n_queries], "peak_bytes": [peak], "limit_bytes": [limit]}
+        if peak > limit:
+            c.fail(f"the {phase} peaked at {peak / 2**20:.0f} MiB of extra GPU memory at N={case.n_queries}, over the "
+                   f"O(N d) limit of {limit / 2**20:.0f} MiB: an N x N matrix is materialised"
+                   + (" (P saved for backward?)" if phase == "backward" else "") + ".", memory=memory)
+        c.ok(f"peak {peak / 2**20:.1f} MiB (limit {limit / 2**20:.0f} MiB)", memory=memory)
+    elif seen["largest_numel"] >= scores:
+        c.fail(f"the {phase} built a tensor of shape {seen['largest_shape']} ({seen['largest_numel']:,} elements), "
+               f"at least one full {case.n_queries} x {case.n_keys} score matrix: FlashAttention works tile by tile.")
+    else:
+        c.ok(f"largest tensor {seen['largest_shape']} ({seen['largest_numel']:,} elements) < {scores:,}")

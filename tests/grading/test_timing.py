@@ -1,0 +1,64 @@
+"""Timing budgets (GPU only): the student's time over the reference's, same device, same session.
+
+Each side runs in its own runner; the harness times the runner call from outside, between the
+runner's 'timed' and 'saving' messages, over inputs rotated through fresh seeds, and judges the
+outputs of the last timed call so that a cached answer fails.
+"""
+import pytest
+import torch
+
+from adapters.cases import FlashCase, make_inputs
+from adapters.client import PROJECT_ROOT, SubmissionRunner
+from adapters.discover import load_submission
+from reference.tolerance import judge_attention
+
+REPEATS = 5  # medians of this many timed calls
+ITERS = 10  # forward + backward passes per timed call
+
+
+def median_ms(runner, request, timeout):
+    times, reply = [], None
+    for r in range(REPEATS):
+        reply = runner.call({**request, "seeds": [request["seed"] + 1000 * r + i for i in range(ITERS)]}, timeout)
+        if not reply.ok:
+            return None, reply
+        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / ITERS)
+    return sorted(times)[len(times) // 2], reply
+
+
+@pytest.mark.parametrize("slot", ["triton", "pytorch"])
+def test_budget(grading, submission, check, slot):
+    budget = grading.rubric.budgets[f"flash_{slot}"]
+    case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"], head_dim=budget["d"],
+                     dtype=budget["dtype"], is_causal=budget["causal"])
+    c = check("timing", f"flash_{slot}", case.id, "timing")
+    if not grading.on_gpu:
+        c.skip("timing budgets need a CUDA GPU")
+    request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
+    timeout = grading.rubric.timeout("timing")
+    student_ms, reply = median_ms(grading.runner(submission), request, timeout)
+    c.settle_reply(reply)
+    tensors = grading.runner(submission).load_tensors(reply)
+    last_seed = request["seed"] + 1000 * (REPEATS - 1) + ITERS - 1
+    q, k, v, do = (t.cuda() for t in make_inputs(case, last_seed))
+    wrong = [v.reason for v in judge_attention(tensors, q, k, v, do, case.is_causal).values() if not v.ok]
+    if wrong:
+        c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
+
+    reference = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
+    try:
+        reference_ms, ref_reply = median_ms(reference, request, timeout)
+    finally:
+        reference.close()
+    q, k, v = (t.requires_grad_() for t in (q, k, v))
+    sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.is_causal).backward(do)
+    from triton.testing import do_bench
+    sdpa_ms = do_bench(sdpa, return_mode="median")
+    ratio = student_ms / reference_ms
+    timing = {"student_ms": student_ms, "reference_ms": reference_ms, "sdpa_ms": sdpa_ms,
+              "ratio": ratio, "budget": budget["ratio"]}
+    evidence = f"student {student_ms:.3f} ms, reference {reference_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms (fwd+bwd, {case.id})"
+    if ratio > budget["ratio"]:
+        c.fail(f"forward+backward takes {ratio:.1f}x the reference's time, over the budget of {budget['ratio']:g}x.",
+               evidence, timing=timing)
+    c.ok(evidence, timing=timing)
