@@ -1,0 +1,255 @@
+"""Read reports/<name>/results.json into plain objects the templates can show as they are.
+
+results.json is written by the grading plugin in Gradescope's schema, but everything in it is
+treated as untrusted and possibly incomplete: a missing key degrades to a dash, never a crash,
+because a page that fails to build hides the very submission someone needs to look at.
+"""
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+PART_ORDER = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
+PART_LABELS = {
+    "flash_pytorch": "PyTorch FA2", "flash_triton": "Triton FA2", "ddp": "DDP",
+    "sharded_optimizer": "Sharded optimizer", "fsdp": "FSDP", "timing": "Timing", "memory": "Memory",
+}
+FAILED_OUTCOMES = {"failed", "not_attempted", "error", "timeout", "crash"}
+# Gradescope shows these to students only later, so the student view leaves them out entirely.
+HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
+# Keys the templates read; filled with None when results.json lacks them.
+VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
+                "oracle_at_worst", "actual_at_worst")
+ENVIRONMENT_KEYS = ("device", "torch", "triton", "triton_interpreter", "python")
+
+
+@dataclass
+class Part:
+    key: str
+    label: str
+    score: float
+    max_score: float
+
+    @property
+    def fraction(self):
+        return self.score / self.max_score if self.max_score else None
+
+
+@dataclass
+class Check:
+    name: str
+    part: str
+    check: str
+    case: str
+    tier: str
+    outcome: str  # as the plugin reported it: passed, failed, timeout, crash, ...
+    state: str  # what the page groups by: "failed", "passed" or "skipped"
+    diagnosis: str
+    evidence: str  # the output text, without its first line when that just repeats the diagnosis
+    score: float
+    max_score: float
+    visibility: str
+    tags: list
+    verdicts: list  # [{"tensor": "dq", "ok": False, ...}]
+    heatmaps: list
+    timing: dict | None
+    memory: dict | None
+
+    @property
+    def has_charts(self):
+        return bool(self.heatmaps or self.timing or self.memory)
+
+    def bound_for(self, tensor):
+        """The verdict's max_bound for `tensor`, which splits that tensor's heatmap colours."""
+        return next((v["max_bound"] for v in self.verdicts if v["tensor"] == tensor), None)
+
+    @property
+    def evidence_key(self):
+        """Equal for checks whose evidence would render identically."""
+        return json.dumps([self.evidence, self.verdicts, self.heatmaps, self.timing, self.memory],
+                          sort_keys=True, default=str)
+
+    @property
+    def has_evidence(self):
+        return bool(self.evidence or self.verdicts or self.has_charts)
+
+
+@dataclass
+class Submission:
+    name: str
+    student: str | None
+    score: float
+    max_score: float
+    parts: list
+    environment: dict
+    seed: object
+    ungradable: str | None
+    runner_log: str
+    output: str
+    execution_time: float | None
+    checks: list
+    student_view: bool = False
+    hidden_count: int = 0
+    stdout_visible: bool = True
+
+    def part(self, key):
+        return next((p for p in self.parts if p.key == key), None)
+
+    def with_state(self, state):
+        return [c for c in self.checks if c.state == state]
+
+    @property
+    def failed_by_part(self):
+        """[(Part, [Check])] in part order; only parts with failures."""
+        groups = []
+        for part in self.parts:
+            checks = [c for c in self.checks if c.state == "failed" and c.part == part.key]
+            if checks:
+                groups.append((part, checks))
+        return groups
+
+    @staticmethod
+    def by_diagnosis(checks):
+        """[[Check]]: checks sharing a diagnosis, in first-seen order.
+
+        A page with 23 copies of "not attempted: ... raised NotImplementedError" buries the one
+        failure that matters; one card per diagnosis keeps it short.
+        """
+        groups = {}
+        for check in checks:
+            groups.setdefault(check.diagnosis, []).append(check)
+        return list(groups.values())
+
+    @property
+    def top_diagnosis(self):
+        if self.ungradable:
+            return self.ungradable
+        for _, checks in self.failed_by_part:
+            return checks[0].diagnosis
+        return ""
+
+    @property
+    def fraction(self):
+        return self.score / self.max_score if self.max_score else None
+
+
+def _dict(value):
+    return value if isinstance(value, dict) else {}
+
+
+def _num(value, default=0.0):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _text(value):
+    return "" if value is None else str(value)
+
+
+_NAME = re.compile(r"^(?:[^:]*::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
+
+
+def _check(test: dict, default_visibility: str) -> Check:
+    extra = _dict(test.get("extra_data"))
+    name = _text(test.get("name")) or "(unnamed check)"
+    parsed = _NAME.match(name)
+    from_name = parsed.groupdict() if parsed else {}
+    status = _text(test.get("status")) or "failed"
+    outcome = _text(extra.get("outcome")) or status
+    if outcome == "skipped":
+        state = "skipped"
+    elif outcome in FAILED_OUTCOMES or status == "failed":
+        state = "failed"
+    else:
+        state = "passed"
+    output = _text(test.get("output")).strip("\n")
+    first, _, rest = output.partition("\n")
+    diagnosis = _text(extra.get("diagnosis")) or (first if state != "passed" else "")
+    evidence = rest if first.strip() == diagnosis.strip() and diagnosis else output
+    verdicts = [{"tensor": tensor, **{k: _dict(v).get(k) for k in VERDICT_KEYS}}
+                for tensor, v in _dict(extra.get("verdicts")).items()]
+    heatmaps = extra.get("heatmap") or []
+    if isinstance(heatmaps, dict):
+        heatmaps = [heatmaps]
+    return Check(
+        name=name,
+        part=_text(extra.get("part")) or from_name.get("part") or "other",
+        check=_text(extra.get("check")) or from_name.get("check") or name,
+        case=_text(extra.get("case")) or from_name.get("case") or "",
+        tier=_text(extra.get("tier")),
+        outcome=outcome, state=state, diagnosis=diagnosis, evidence=evidence.strip("\n"),
+        score=_num(test.get("score")), max_score=_num(test.get("max_score")),
+        visibility=_text(test.get("visibility")) or default_visibility,
+        tags=[_text(t) for t in test.get("tags") or []],
+        verdicts=verdicts,
+        heatmaps=[h for h in heatmaps if isinstance(h, dict)],
+        timing=_dict(extra.get("timing")) or None,
+        memory=_dict(extra.get("memory")) or None,
+    )
+
+
+def _parts(declared: dict, checks: list, from_checks: bool) -> list:
+    """Parts in the course's order, then any others; scores summed from `checks` if asked."""
+    keys = [k for k in PART_ORDER if k in declared or any(c.part == k for c in checks)]
+    for key in list(declared) + [c.part for c in checks]:
+        if key not in keys:
+            keys.append(key)
+    parts = []
+    for key in keys:
+        info = _dict(declared.get(key))
+        label = _text(info.get("label")) or PART_LABELS.get(key, key)
+        if from_checks or not info:
+            mine = [c for c in checks if c.part == key]
+            parts.append(Part(key, label, sum(c.score for c in mine), sum(c.max_score for c in mine)))
+        else:
+            parts.append(Part(key, label, _num(info.get("score")), _num(info.get("max_score"))))
+    return parts
+
+
+def load_submission(path: Path, student_view: bool = False) -> Submission:
+    """One results.json; an unreadable file still gives a Submission that says why."""
+    name = path.parent.name
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+        if not isinstance(data, dict):
+            raise ValueError("top level is not a JSON object")
+    except (OSError, ValueError) as exc:
+        return Submission(name=name, student=None, score=0.0, max_score=0.0, parts=[],
+                          environment=dict.fromkeys(ENVIRONMENT_KEYS), seed=None,
+                          ungradable=f"results.json could not be read: {exc}", runner_log="",
+                          output="", execution_time=None, checks=[], student_view=student_view)
+    extra = _dict(data.get("extra_data"))
+    default_visibility = _text(data.get("visibility")) or "visible"
+    checks = [_check(t, default_visibility) for t in data.get("tests") or [] if isinstance(t, dict)]
+    hidden_count = 0
+    if student_view:
+        visible = [c for c in checks if c.visibility not in HIDDEN_VISIBILITY]
+        hidden_count = len(checks) - len(visible)
+        checks = visible
+    parts = _parts(_dict(extra.get("parts")), checks, from_checks=student_view)
+    if student_view:
+        score = sum(c.score for c in checks)
+        max_score = sum(c.max_score for c in checks)
+    else:
+        score = _num(data.get("score"), sum(c.score for c in checks))
+        max_score = _num(data.get("max_score"), sum(p.max_score for p in parts))
+    execution_time = data.get("execution_time")
+    return Submission(
+        name=name,
+        student=_text(extra.get("student")) or None,
+        score=score, max_score=max_score, parts=parts,
+        environment={k: _dict(extra.get("environment")).get(k) for k in ENVIRONMENT_KEYS},
+        seed=extra.get("seed"),
+        ungradable=_text(extra.get("ungradable")) or None,
+        runner_log=_text(extra.get("runner_log_tail")),
+        output=_text(data.get("output")),
+        execution_time=_num(execution_time, None) if execution_time is not None else None,
+        checks=checks, student_view=student_view, hidden_count=hidden_count,
+        stdout_visible=_text(data.get("stdout_visibility")) == "visible",
+    )
+
+
+def load_all(reports_dir: Path, student_view: bool = False) -> list:
+    return [load_submission(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))]

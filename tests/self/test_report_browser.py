@@ -1,0 +1,119 @@
+"""The built pages in a real browser: headless Chromium, driven from the command line.
+
+Each test starts Chromium with --dump-dom (the DOM after the page's own script ran) and
+--enable-logging=stderr, which prints every console message, uncaught exception and CSP
+violation as an "INFO:CONSOLE" line. The sort is exercised through the page's own "#sort=col"
+hook, which clicks the header, so the real click handler runs. Screenshots go to
+reports/screenshots/ for a person to look at.
+"""
+import shutil
+import subprocess
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from reporting import build_reports
+
+from .test_reports import FIXTURES, NAMES, fixture_json, table_rows
+
+CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
+pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
+                                "(apt-get install -y chromium); the browser checks did not run")
+SCREENSHOTS = Path(__file__).parents[2] / "reports" / "screenshots"
+# Flags that keep Chromium from reaching the network or a desktop session.
+QUIET = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
+         "--disable-background-networking", "--disable-component-update", "--disable-sync",
+         "--hide-scrollbars", "--enable-logging=stderr", "--v=0"]
+
+
+@dataclass
+class Loaded:
+    dom: str
+    console: list  # the page's console messages, errors included
+
+
+def load(url: str, screenshot: Path = None, window=(1280, 1000)) -> Loaded:
+    with tempfile.TemporaryDirectory() as profile:
+        cmd = [CHROMIUM, *QUIET, f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}"]
+        if screenshot:
+            screenshot.parent.mkdir(parents=True, exist_ok=True)
+            screenshot.unlink(missing_ok=True)
+            cmd.append(f"--screenshot={screenshot}")
+        proc = subprocess.run([*cmd, "--dump-dom", url], capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "</html>" in proc.stdout, "Chromium printed no DOM"
+    if screenshot:
+        assert screenshot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", f"no screenshot at {screenshot}"
+    return Loaded(proc.stdout, [line for line in proc.stderr.splitlines() if ":CONSOLE" in line])
+
+
+@pytest.fixture(scope="module")
+def reports(tmp_path_factory):
+    reports = tmp_path_factory.mktemp("browser") / "reports"
+    shutil.copytree(FIXTURES, reports)
+    build_reports(reports)
+    return reports
+
+
+def test_console_errors_are_seen(tmp_path):
+    """The detector itself: without this, "no console errors" could be vacuous."""
+    page = tmp_path / "canary.html"
+    page.write_text('<!DOCTYPE html><html><body><script>null.canary();</script></body></html>')
+    console = load(page.as_uri()).console
+    assert any("Uncaught TypeError" in line and "canary" in line for line in console), console
+
+
+def class_order(dom: str):
+    return [attrs["data-name"] for attrs, _ in table_rows(dom, "class-table")]
+
+
+def test_class_page_loads_cleanly_and_sorts_by_score(reports):
+    page = load(reports.joinpath("index.html").as_uri() + "#sort=score",
+                screenshot=SCREENSHOTS / "class.png", window=(1360, 1500))
+    assert page.console == []
+    assert '<html lang="en" data-sort-ready="yes">' in page.dom  # the script ran to its end
+    scores = {n: fixture_json(n)["score"] for n in NAMES}
+    assert class_order(page.dom) == sorted(NAMES, key=lambda n: scores[n])  # stable for bob = carol
+    assert class_order(page.dom) != NAMES
+    assert '<th data-col="score" class="num" tabindex="0" aria-sort="ascending">' in page.dom
+    assert page.dom.count("<svg") == 1 and 'aria-label="score histogram"' in page.dom
+
+
+@pytest.mark.parametrize("clicks, expected", [
+    ("score,score", ["alice", "bob", "carol", "erin", "dave"]),  # second click: descending, stable
+    ("name,name", ["erin", "dave", "carol", "bob", "alice"]),
+    ("part-ddp", ["dave", "erin", "carol", "alice", "bob"]),  # by fraction: 0, 0, 2/3, 1, 1
+    ("part-timing", ["erin", "dave", "bob", "carol", "alice"]),  # "not scored" (-1) sorts first
+])
+def test_class_table_sorts_by_any_column(reports, clicks, expected):
+    page = load(reports.joinpath("index.html").as_uri() + f"#sort={clicks}")
+    assert page.console == []
+    assert class_order(page.dom) == expected
+
+
+def test_pass_rate_table_sorts_numerically(reports):
+    page = load(reports.joinpath("index.html").as_uri() + "#sort=family-fail")
+    assert page.console == []
+    fractions = [float(cells[1][0]["data-sort"]) for _, cells in table_rows(page.dom, "family-rates")]
+    assert fractions == sorted(fractions) and fractions[0] < fractions[-1]
+
+
+def test_submission_page_with_failures(reports):
+    page = load(reports.joinpath("bob", "index.html").as_uri(),
+                screenshot=SCREENSHOTS / "bob.png", window=(1280, 2600))
+    assert page.console == []
+    assert 'aria-label="heatmap of dk error per tile"' in page.dom
+    assert 'aria-label="heatmap of dq error per tile"' in page.dom
+    assert 'aria-label="timing chart"' in page.dom
+
+
+def test_injected_student_output_stays_text(reports):
+    """carol's runner log holds <script> and <img onerror>: in the DOM they must be text."""
+    page = load(reports.joinpath("carol", "index.html").as_uri(),
+                screenshot=SCREENSHOTS / "carol.png", window=(1280, 2300))
+    assert page.console == []
+    assert "<img" not in page.dom and "<script" not in page.dom
+    assert "&lt;script&gt;alert('pwned')&lt;/script&gt;" in page.dom
+    assert 'aria-label="memory chart"' in page.dom

@@ -1,0 +1,321 @@
+"""The report builder on the fake class in fixtures/results (see fixtures/make_results.py)."""
+import csv
+import json
+import re
+import shutil
+import subprocess
+import sys
+from html.parser import HTMLParser
+from pathlib import Path
+
+import pytest
+
+from reporting import build_reports, main
+from reporting import plots
+from reporting.classstats import case_families, family_rates
+from reporting.results import load_all
+
+FIXTURES = Path(__file__).parent / "fixtures" / "results"
+NAMES = ["alice", "bob", "carol", "dave", "erin"]
+PARTS = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
+
+
+def fixture_json(name):
+    return json.loads((FIXTURES / name / "results.json").read_text())
+
+
+def copy_fixtures(dest: Path) -> Path:
+    shutil.copytree(FIXTURES, dest)
+    return dest
+
+
+@pytest.fixture(scope="module")
+def staff(tmp_path_factory):
+    reports = copy_fixtures(tmp_path_factory.mktemp("staff") / "reports")
+    return reports, build_reports(reports)
+
+
+@pytest.fixture(scope="module")
+def student(tmp_path_factory):
+    reports = copy_fixtures(tmp_path_factory.mktemp("student") / "reports")
+    build_reports(reports, student_view=True)
+    return reports
+
+
+class Rows(HTMLParser):
+    """Rows of the <tbody> of one table: [(tr attrs, [(td attrs, text)])]."""
+
+    def __init__(self, table_id):
+        super().__init__()
+        self.table_id, self.depth, self.rows, self.in_body = table_id, 0, [], False
+
+    def handle_starttag(self, tag, attrs):
+        attrs = dict(attrs)
+        if tag == "table":
+            self.depth += 1 if (self.depth or attrs.get("id") == self.table_id) else 0
+        elif self.depth == 1 and tag == "tbody":
+            self.in_body = True
+        elif self.depth == 1 and self.in_body and tag == "tr":
+            self.rows.append((attrs, []))
+        elif self.depth == 1 and self.in_body and tag == "td":
+            self.rows[-1][1].append([attrs, ""])
+
+    def handle_endtag(self, tag):
+        if tag == "table" and self.depth:
+            self.depth -= 1
+        elif tag == "tbody":
+            self.in_body = False
+
+    def handle_data(self, data):
+        if self.depth == 1 and self.in_body and self.rows and self.rows[-1][1]:
+            self.rows[-1][1][-1][1] += data
+
+
+def table_rows(html: str, table_id: str):
+    parser = Rows(table_id)
+    parser.feed(html)
+    return [(attrs, [(a, " ".join(t.split())) for a, t in cells]) for attrs, cells in parser.rows]
+
+
+def test_writes_a_page_per_submission_the_class_page_and_the_csv(staff):
+    reports, written = staff
+    expected = {reports / n / "index.html" for n in NAMES} | {reports / "index.html", reports / "grades.csv"}
+    assert set(written) == expected
+    assert all(p.stat().st_size > 0 for p in written)
+
+
+def test_class_page_has_one_row_per_submission_linking_to_its_page(staff):
+    reports, _ = staff
+    rows = table_rows((reports / "index.html").read_text(), "class-table")
+    assert [attrs["data-name"] for attrs, _ in rows] == NAMES
+    for (attrs, cells) in rows:
+        assert cells[1][0]["data-sort"] == str(fixture_json(attrs["data-name"])["score"])
+    html = (reports / "index.html").read_text()
+    for name in NAMES:
+        assert f'href="{name}/index.html"' in html
+
+
+def test_ungradable_submission_has_a_row_saying_why(staff):
+    reports, _ = staff
+    rows = {attrs["data-name"]: (attrs, cells) for attrs, cells in table_rows((reports / "index.html").read_text(),
+                                                                              "class-table")}
+    attrs, cells = rows["dave"]
+    assert "ungradable" in attrs["class"]
+    assert "Not graded: tests/adapters.py failed to import: No module named 'jaxtyping'" in cells[-2][1]
+    page = (reports / "dave" / "index.html").read_text()
+    assert "Could not be graded:" in page and "jaxtyping" in page
+
+
+def test_top_diagnosis_is_the_first_failed_check(staff):
+    reports, _ = staff
+    rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
+                                                                     "class-table")}
+    assert rows["alice"][-2][1] == "All checks passed."
+    assert rows["erin"][-2][1].startswith("The forward saves 3 tensors of shape (batch, N_q)")
+    first_failed = next(t for t in fixture_json("bob")["tests"] if t["status"] == "failed")
+    assert rows["bob"][-2][1] == first_failed["extra_data"]["diagnosis"]
+
+
+def test_part_cells_are_coloured_by_fraction(staff):
+    reports, _ = staff
+    rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
+                                                                     "class-table")}
+    ddp = 2 + PARTS.index("ddp")  # after the name and score cells
+    assert rows["alice"][ddp][0]["style"] == f"background: {plots.heat_colour_fraction(1.0)}"
+    assert rows["erin"][ddp][0]["style"] == f"background: {plots.heat_colour_fraction(0.0)}"
+    assert rows["erin"][ddp][1] == "0/15"
+    timing = 2 + PARTS.index("timing")
+    assert rows["erin"][timing][1] == "—"  # skipped on a CPU machine: not scored, not zero
+
+
+def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
+    reports, _ = staff
+    with open(reports / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed"]
+    assert [r["name"] for r in rows] == NAMES
+    for row in rows:
+        data = fixture_json(row["name"])
+        extra = data["extra_data"]
+        assert float(row["total"]) == data["score"] and float(row["max"]) == data["max_score"]
+        assert row["seed"] == str(extra["seed"])
+        assert row["student"] == (extra["student"] or "")
+        for part in PARTS:
+            assert float(row[part]) == extra["parts"][part]["score"]
+
+
+def test_rebuilding_gives_identical_files(tmp_path):
+    reports = copy_fixtures(tmp_path / "reports")
+    first = {p: p.read_bytes() for p in build_reports(reports)}
+    second = {p: p.read_bytes() for p in build_reports(reports)}
+    assert first == second
+
+
+def test_failed_checks_come_first_grouped_by_part_with_their_evidence(staff):
+    reports, _ = staff
+    page = (reports / "bob" / "index.html").read_text()
+    failed_at, passed_at, skipped_at = (page.index(s) for s in
+                                        ("Failed checks (14)", "Passed checks (52)", "Skipped checks (0)"))
+    assert failed_at < passed_at < skipped_at
+    assert "<details>\n  <summary>Passed checks" in page  # passed checks are collapsed
+    parts = [page.index(f"<h3>{label} ", failed_at) for label in ("Triton FA2", "Sharded optimizer", "Timing")]
+    assert parts == sorted(parts)
+    assert '<p class="diag">dK and dV are wrong only for keys in the last, partial key tile' in page
+    assert '<table class="verdicts">' in page and "0.314" in page and "5.10e-5" in page
+    assert 'aria-label="heatmap of dk error per tile"' in page
+    assert 'aria-label="timing chart"' in page
+    assert 'aria-label="memory chart"' in page  # the passed memory check, inside its <details>
+    assert "<pre>case fp32-113x203-d64-full, tiles 64x64" in page
+
+
+def test_each_diagnosis_is_shown_once_per_part(staff):
+    reports, _ = staff
+    page = (reports / "erin" / "index.html").read_text()
+    assert page.count("not attempted: get_ddp_individual_parameters raised NotImplementedError") == 1
+    assert page.count("individual_parameters[toy_model-2ranks]") == 1
+    assert page.count("bucketed[bucket10mb-2ranks]") == 1
+
+
+def test_skipped_checks_show_their_reason_and_environment_is_shown(staff):
+    reports, _ = staff
+    page = (reports / "erin" / "index.html").read_text()
+    skipped = page[page.index("Skipped checks (6)"):]
+    assert skipped.count("skipped: needs a CUDA GPU") == 6
+    assert "yes (TRITON_INTERPRET=1" in page and "<dd>cpu</dd>" in page and "<dd>7</dd>" in page
+    assert "not scored" in page  # timing, with nothing scorable on a CPU
+
+
+def test_untrusted_text_is_escaped(staff):
+    reports, _ = staff
+    page = (reports / "carol" / "index.html").read_text()
+    assert "&lt;script&gt;alert(&#39;pwned&#39;)&lt;/script&gt;&lt;img src=x onerror=alert(1)&gt;" in page
+    assert "<script" not in page and "<img" not in page and "<h1>FULL MARKS" not in page
+    html = (reports / "index.html").read_text()
+    assert html.count("<script") == 1  # our sort code, nothing else
+
+
+def test_injected_names_are_escaped_everywhere(tmp_path):
+    reports = tmp_path / "reports"
+    data = fixture_json("bob")
+    data["extra_data"]["student"] = '"><script>alert(1)</script>'
+    data["tests"][0]["extra_data"]["heatmap"] = {"tensor": "<b>dq</b>", "values": [[1.0, float("nan")]]}
+    (reports / "x&y").mkdir(parents=True)
+    (reports / "x&y" / "results.json").write_text(json.dumps(data))
+    build_reports(reports)
+    for page in (reports / "index.html", reports / "x&y" / "index.html"):
+        text = page.read_text()
+        assert "<script>alert" not in text and "<b>dq" not in text
+    assert 'href="x%26y/index.html"' in (reports / "index.html").read_text()
+
+
+def test_student_view_drops_hidden_checks_and_rescores(staff, student):
+    staff_reports, _ = staff
+    data = fixture_json("bob")
+    visible = [t for t in data["tests"] if t["visibility"] == "visible"]
+    hidden = [t for t in data["tests"] if t["visibility"] != "visible"]
+    assert hidden and {t["visibility"] for t in hidden} == {"hidden", "after_due_date"}
+    page = (student / "bob" / "index.html").read_text()
+    full = (staff_reports / "bob" / "index.html").read_text()
+    for test in hidden:
+        check = f"{test['extra_data']['check']}[{test['extra_data']['case']}]" if test["extra_data"]["case"] \
+            else test["extra_data"]["check"]
+        assert check not in page and check in full
+    score = sum(t["score"] for t in visible)
+    max_score = sum(t["max_score"] for t in visible)
+    assert f'<div class="score">{score:g} <small>/ {max_score:g} points' in page
+    assert f"Student view: the score counts only the checks shown on this page." in page
+    assert f"{len(hidden)} further checks will be graded and shown later." in page
+    assert "class report" not in page  # no link to the class page, which shows everyone
+    assert "Runner output" not in page  # stdout_visibility is "hidden" in the fixtures
+    # Staff documents keep every check.
+    assert (student / "grades.csv").read_text() == (staff_reports / "grades.csv").read_text()
+
+
+def test_unreadable_results_json_still_gets_a_row(tmp_path):
+    reports = copy_fixtures(tmp_path / "reports")
+    (reports / "zoe").mkdir()
+    (reports / "zoe" / "results.json").write_text('{"score": 12, "tests": [')  # killed mid-write
+    build_reports(reports)
+    rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
+    assert rows["zoe"][-2][1].startswith("Not graded: results.json could not be read:")
+    assert "zoe,,,,,,,,,0,0," in (reports / "grades.csv").read_text()
+
+
+def test_pass_rates_by_check_and_case_family(staff):
+    reports, _ = staff
+    subs = load_all(reports)
+    rates = {r.label: r for r in family_rates(subs)}
+    odd = rates["Triton FA2 / robustness / odd sequence lengths"]
+    assert (odd.failed, odd.ran, odd.failed_names) == (2, 4, ["bob", "carol"])  # dave is ungradable
+    assert rates["PyTorch FA2 / robustness / odd sequence lengths"].failed == 0
+    html = (reports / "index.html").read_text()
+    for table in ("family-rates", "check-rates"):
+        fractions = [float(cells[1][0]["data-sort"]) for _, cells in table_rows(html, table)]
+        assert fractions and fractions == sorted(fractions, reverse=True)  # worst pass rate first
+    assert "of the class fails Triton FA2 / robustness /" in html
+    assert 'aria-label="score histogram"' in html
+
+
+@pytest.mark.parametrize("case, families", [
+    ("fp32-128x128-d64-full", ["fp32"]),
+    ("bf16-113x203-d64-causal", ["bf16", "odd sequence lengths", "N_q ≠ N_k", "causal"]),
+    ("fp32-65x130-d96-causal-4d-strided", ["fp32", "odd sequence lengths", "N_q ≠ N_k", "causal",
+                                           "head dim not a power of two", "4-D inputs", "strided inputs"]),
+    ("fp32-128x128-d64-full-x8", ["fp32", "large scores"]),
+    ("toy_model-2ranks", []),
+    ("", []),
+])
+def test_case_families(case, families):
+    assert case_families(case) == families
+
+
+def test_plots_survive_bad_data():
+    assert plots.heatmap_svg({}) is None
+    assert plots.heatmap_svg({"values": [[]]}) is None
+    assert plots.timing_svg({}) is None
+    assert plots.memory_svg({"n": [1024, "x"]}) is None
+    assert plots.memory_svg({"n": [1024, 2048], "peak_bytes": [None, None]}) is None
+    svg = plots.heatmap_svg({"tensor": "dq", "values": [[0.0, float("inf")], [None, 1e-3]]}, bound=1e-4)
+    assert svg.startswith("<svg") and "NaN / inf" in svg
+    assert plots.heatmap_svg({"values": [[0.0, 0.0]]}).count("no non-zero error") == 1
+    assert "budget" not in plots.timing_svg({"student_ms": 2.0})
+    assert plots.fmt(float("nan")) == "NaN" and plots.fmt(1.5e-5) == "1.50e-5" and plots.fmt(0.0521) == "0.0521"
+
+
+def test_heatmap_outlines_the_tiles_over_the_bound():
+    svg = plots.heatmap_svg({"tensor": "dk", "row_starts": [0, 64], "col_starts": [0, 64],
+                             "values": [[1e-6, 0.3], [2e-6, 0.2]]}, bound=5e-5)
+    cells = re.findall(r"<rect [^>]*stroke=\"(#111|#fff)\"[^>]*><title>([^<]*)</title>", svg)
+    assert [stroke for stroke, _ in cells] == ["#fff", "#111", "#fff", "#111"]
+    assert "bound 5.00e-5" in svg
+
+
+def test_cli(tmp_path, capsys):
+    reports = copy_fixtures(tmp_path / "reports")
+    assert main(["--reports", str(reports), "--student-view"]) == 0
+    assert "5 submission page(s)" in capsys.readouterr().out
+    assert main(["--reports", str(tmp_path / "missing")]) == 2
+    proc = subprocess.run([sys.executable, "-m", "reporting", "--reports", str(reports)],
+                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_sparse_and_malformed_results_still_render(tmp_path):
+    """Only what Gradescope requires, plus junk where numbers should be."""
+    reports = tmp_path / "reports"
+    (reports / "min").mkdir(parents=True)
+    (reports / "min" / "results.json").write_text(json.dumps({"score": 3, "tests": [
+        {"name": "min::flash_pytorch::forward[fp32-17x17-d16-full]", "status": "failed",
+         "output": "o is wrong.\nevidence line",
+         "extra_data": {"verdicts": {"o": {"max_err": "big"}}, "heatmap": {"values": [[1, "a"]]},
+                        "timing": {"student_ms": "fast"}, "memory": {"n": [1], "peak_bytes": ["x"]}}},
+        {"status": "passed"},
+        "not a test",
+    ], "extra_data": {"environment": {"device": None}, "parts": {"flash_pytorch": "odd"}}}))
+    build_reports(reports)
+    page = (reports / "min" / "index.html").read_text()
+    assert '<p class="diag">o is wrong.</p>' in page and "<pre>evidence line</pre>" in page
+    assert "<td>big</td>" in page and 'aria-label="heatmap of error per tile"' in page
+    assert "<dd>—</dd>" in page
+    rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
+    assert rows["min"][1][0]["data-sort"] == "3.0"
