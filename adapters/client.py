@@ -135,6 +135,10 @@ class SubmissionRunner:
 
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'."""
+        if self.submission.problem:
+            return Reply("import_error", self.submission.problem)
+        if self.ready and self.ready.get("import_error"):  # importing again would fail again
+            return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         if self.process is None:
             ready = self.start()
             if ready.get("import_error"):

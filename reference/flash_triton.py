@@ -77,11 +77,12 @@ def _configs(shapes, interpret_shape):
 
 
 def _prune_configs(configs, named_args, **kwargs):
-    """float32 inputs use exact fp32 dots (FMA units, no tensor cores): tiles above 64x64
-    run no faster there and take minutes to compile, so they are dropped."""
+    """float32 inputs use exact fp32 dots (FMA units, no tensor cores): fp32 is for checking
+    numerics, not for speed, and each fp32 config takes up to 30 s to compile, so one small
+    config is kept and nothing is benchmarked."""
     if named_args["Q"].dtype == torch.float32:
         small = [c for c in configs if c.kwargs["BLOCK_M"] <= 64 and c.kwargs["BLOCK_N"] <= 64]
-        return small or configs
+        return small[-1:] or configs
     return configs
 
 

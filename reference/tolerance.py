@@ -68,15 +68,21 @@ def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: tor
     return Verdict(not reason, reason, max_err, max_bound, mean_err, mean_bound, worst, *at_worst)
 
 
-def judge_attention(got: dict, q, k, v, do, is_causal: bool) -> dict:
-    """Verdicts for o, L, dq, dk, dv in `got` (those present), against the float64 oracle.
-
-    The baseline is plain PyTorch attention in the inputs' dtype, on the inputs' device.
-    """
+def expected_attention(q, k, v, do, is_causal: bool) -> tuple[dict, dict]:
+    """The float64 oracle, and the baseline: plain PyTorch attention in the inputs' dtype, on
+    the inputs' device."""
     from .oracle import attention_and_grads
 
-    oracle = attention_and_grads(q, k, v, do, is_causal)
-    baseline = attention_and_grads(q, k, v, do, is_causal, dtype=q.dtype)
+    return (attention_and_grads(q, k, v, do, is_causal),
+            attention_and_grads(q, k, v, do, is_causal, dtype=q.dtype))
+
+
+def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None) -> dict:
+    """Verdicts for o, L, dq, dk, dv in `got` (those present), against the float64 oracle.
+
+    `expected` is expected_attention(...) when the caller already has it.
+    """
+    oracle, baseline = expected or expected_attention(q, k, v, do, is_causal)
     verdicts = {}
     for name in ("o", "L", "dq", "dk", "dv"):
         if got.get(name) is not None:

@@ -35,7 +35,10 @@ def flash_cases(slot: str, on_gpu: bool) -> list[tuple[str, FlashCase]]:
         ("robustness", FlashCase(batch=(2, 3), n_queries=n // 2, n_keys=n // 2, head_dim=64, is_causal=True)),
         ("robustness", FlashCase(batch=(2, 3), n_queries=n // 2 - 5, n_keys=n // 2 - 5, head_dim=64,
                                  dtype="bfloat16", noncontiguous=True)),
-        ("robustness", FlashCase(batch=(2,), n_queries=n // 2, n_keys=n // 2, head_dim=64, score_scale=8.0)),
+        # Scores ~x64: a running max started at 0 overflows exp. bf16, because in fp32 every
+        # FlashAttention backward (recomputing P from a float32 L) misses the 3x rule here.
+        ("robustness", FlashCase(batch=(2,), n_queries=n // 2, n_keys=n // 2, head_dim=64, dtype="bfloat16",
+                                 score_scale=8.0)),
     ]
     return cases
 

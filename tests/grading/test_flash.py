@@ -3,11 +3,13 @@
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
 """
+from functools import lru_cache
+
 import pytest
 import torch
 
 from adapters.cases import make_inputs
-from reference.tolerance import judge_attention
+from reference.tolerance import expected_attention, judge_attention
 from tests.grading import diagnose
 from tests.grading.matrix import flash_cases
 
@@ -15,6 +17,13 @@ SLOTS = ("pytorch", "triton")
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
 IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
 POWER_OF_TWO_DIMS = (16, 32, 64, 128)
+
+
+@lru_cache(maxsize=4)
+def expected(case, seed, device):
+    """Inputs, oracle and plain-PyTorch baseline of a case: computed once for all its checks."""
+    q, k, v, do = make_inputs(case, seed, device)
+    return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
 
 
 def run_case(grading, submission, slot, case):
@@ -37,10 +46,10 @@ def settle(check, grading, submission, slot, case):
 
 
 def judge(check, grading, case, tensors, names, fp32_course_tolerance=True):
-    q, k, v, do = make_inputs(case, grading.seed)
+    (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, "cuda" if grading.on_gpu else "cpu")
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")
-    verdicts = judge_attention({n: tensors.get(n) for n in names}, q, k, v, do, case.is_causal)
+    verdicts = judge_attention({n: tensors[n] for n in names}, q, k, v, do, case.is_causal, (oracle, baseline))
     check.update(verdicts={n: v.as_dict() for n, v in verdicts.items()})
     for name in names:
         if tensors[name].dtype != (torch.float32 if name == "L" else q.dtype):
@@ -48,12 +57,11 @@ def judge(check, grading, case, tensors, names, fp32_course_tolerance=True):
             check.fail(f"{name} is {str(tensors[name].dtype).replace('torch.', '')}, expected {want}.")
     bad = [v for v in verdicts.values() if not v.ok]
     if bad:
-        sentence, heatmap = diagnose.explain(bad[0], tensors, (q, k, v, do), case)
+        sentence, heatmap = diagnose.explain(bad[0], tensors, (q, k, v, do), oracle, case)
         check.fail(sentence, "\n".join(v.reason for v in bad), heatmap=heatmap)
     if case.dtype == "float32" and fp32_course_tolerance:
-        oracle = diagnose.oracle_tensors(q, k, v, do, case.is_causal)
         for name in names:
-            if not torch.allclose(tensors[name].double(), oracle[name], atol=1e-2, rtol=1e-2):
+            if not torch.allclose(tensors[name].double(), oracle[name].cpu(), atol=1e-2, rtol=1e-2):
                 check.fail(f"{name} misses the course's own tolerance (atol=rtol=1e-2).")
     check.ok("; ".join(f"{n}: max error {v.max_err:.2e} (bound {v.max_bound:.2e})" for n, v in verdicts.items()))
 
