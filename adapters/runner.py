@@ -23,6 +23,8 @@ from adapters import instruments
 from adapters.cases import FlashCase, make_inputs
 from adapters.channel import Channel
 from adapters import flash_call
+from adapters import distributed_ops
+from reference.distributed_testing import run_on_ranks
 
 try:
     import triton  # noqa: F401
@@ -157,6 +159,45 @@ class Runner:
         torch.cuda.synchronize()
         self.phase("saving")
         return {"tensors": self.save(request["tag"], got), "iters": len(seeds)}
+
+    def op_distributed(self, request: dict) -> dict:
+        """Train on spawned ranks (adapters.distributed_ops); per scenario, what each rank returned.
+
+        Gloo on CPU tensors, GPUs or not: the checks are about numerics and the order of
+        collectives, which gloo shows as well as NCCL would (the course's own tests use gloo
+        too). With torch.cuda.device_count() >= 2 an NCCL variant could be added later. If every
+        scenario on every rank stopped at NotImplementedError or a missing adapter, the call is
+        not attempted.
+        """
+        fn = {"ddp": distributed_ops.ddp_rank, "sharded": distributed_ops.sharded_rank}[request["kind"]]
+        self.phase("ranks")
+        try:
+            with distributed_ops.trusted_first() as sys_path:
+                spec = {**request["spec"], "module_name": self.module.__name__,
+                        "module_file": self.module.__file__, "sys_path": sys_path}
+                ranks = run_on_ranks(fn, spec, world_size=request.get("world_size", 2), backend="gloo",
+                                     timeout_s=request.get("timeout_s", 180), collective_timeout_s=30)
+        except RuntimeError as exc:  # "rank 1 of 2 failed:\n<traceback>": keep its last line
+            lines = [line for line in str(exc).splitlines() if line.strip()]
+            if len(lines) > 1 and lines[0].startswith("rank ") and " failed" in lines[0]:
+                raise RuntimeError(f"{lines[0].split(' of ')[0]} failed: {lines[-1].strip()}") from None
+            raise
+        statuses = [s["status"] for r in ranks for s in r.values()]
+        if statuses and all(status == "not_attempted" for status in statuses):
+            raise NotAttempted(next(iter(ranks[0].values()))["message"])
+
+        result, tensors = {"scenarios": {}}, {}
+        for name in dict.fromkeys(name for scenarios in ranks for name in scenarios):
+            per_rank = []
+            for rank, scenarios in enumerate(ranks):
+                s = scenarios.get(name, {"status": "skipped", "message": "an earlier scenario failed"})
+                for kind, value in s.items():
+                    if isinstance(value, dict):  # named tensors: initial, buffers, grads0, final
+                        tensors.update({f"{name}/{rank}/{kind}/{k}": v for k, v in value.items()})
+                per_rank.append({k: v for k, v in s.items() if not isinstance(v, dict)})
+            result["scenarios"][name] = per_rank
+        result["tensors"] = self.save(request["tag"], tensors)
+        return result
 
     def serve(self) -> None:
         while True:

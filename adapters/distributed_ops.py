@@ -1,0 +1,366 @@
+"""What each rank does for the DDP and sharded-optimizer checks. Student-land: raw results only.
+
+`Runner.op_distributed` starts the ranks with reference.distributed_testing.run_on_ranks; each
+rank is a fresh spawned process that inherits the runner's sys.path and working directory,
+imports the submission's adapters module itself, trains a reference toy model through the
+student's functions and returns plain tensors, dicts and lists. The harness (tests/grading/
+test_distributed.py) builds the same models and batches from the same seeds with the helpers
+below, trains them in one process and judges.
+
+Every collective the rank issues is logged (function, phase of the training step, step, numel,
+op). The phase "backward" means the call happened while loss.backward() was still running: a
+gradient all-reduce issued there overlaps communication with computation.
+
+Scenarios run one after another in one spawn. A scenario that fails records its error and ends
+that rank's run: the other rank may be left inside a collective, so it stops at the collective
+timeout rather than going on with mismatched calls.
+"""
+import contextlib
+import functools
+import importlib
+import importlib.util
+import os
+import sys
+import threading
+import traceback
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from reference.toy_models import ToyModel, ToyModelWithTiedWeights, UnevenModel
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "uneven": UnevenModel}
+FEATURES = {"toy": (10, 5), "tied": (10, 5), "uneven": (16, 4)}  # (in, out)
+
+DDP_FLAVOURS = {
+    # flavour: (wrap, on_after_backward, on_train_batch_start or None)
+    "ddp": ("get_ddp", "ddp_on_after_backward", None),
+    "individual": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward", None),
+    "bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"),
+}
+COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+               "all_gather", "all_gather_into_tensor", "broadcast")
+REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+
+
+# -- inputs, shared with the harness ----------------------------------------------------------
+
+def build_model(name: str, seed: int) -> torch.nn.Module:
+    """The reference toy model `name`, initialised from `seed`, leaving the global RNG alone."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed)
+        return MODELS[name]()
+
+
+def make_batches(name: str, seed: int, steps: int, batch: int):
+    """(x, y) of shapes (steps, batch, in) and (steps, batch, out) for model `name`."""
+    n_in, n_out = FEATURES[name]
+    g = torch.Generator().manual_seed(seed)
+    return torch.randn(steps, batch, n_in, generator=g), torch.randn(steps, batch, n_out, generator=g)
+
+
+# -- the collective log -----------------------------------------------------------------------
+
+class Recorder:
+    """Wraps torch.distributed's collectives in this process; notes each outermost call."""
+
+    def __init__(self):
+        self.log, self.phase, self.step = [], "setup", -1
+        self._local = threading.local()
+
+    def install(self) -> None:
+        import torch.distributed.distributed_c10d as c10d
+        for name in COLLECTIVES:
+            real = getattr(c10d, name, None) or getattr(dist, name, None)
+            if real is None:
+                continue
+            wrapped = self._wrap(name, real)
+            for namespace in (dist, c10d):
+                if hasattr(namespace, name):
+                    setattr(namespace, name, wrapped)
+
+    def _wrap(self, name, real):
+        @functools.wraps(real)
+        def collective(*args, **kwargs):
+            depth = getattr(self._local, "depth", 0)
+            if depth == 0:  # not a collective that another one calls internally
+                self.log.append(self._entry(name, args, kwargs))
+            self._local.depth = depth + 1
+            try:
+                return real(*args, **kwargs)
+            finally:
+                self._local.depth = depth
+        return collective
+
+    def _entry(self, name, args, kwargs) -> dict:
+        first = args[0] if args else next(iter(kwargs.values()), None)
+        if isinstance(first, (list, tuple)):
+            numel = sum(t.numel() for t in first if isinstance(t, torch.Tensor))
+        else:
+            numel = first.numel() if isinstance(first, torch.Tensor) else 0
+        op = kwargs.get("op", args[1] if name in ("all_reduce", "all_reduce_coalesced") and len(args) > 1 else None)
+        return {"fn": name, "phase": self.phase, "step": self.step, "numel": int(numel),
+                "op": None if op is None else str(op).split(".")[-1],
+                "async": bool(kwargs.get("async_op", False))}
+
+    def take(self) -> list:
+        log, self.log = self.log, []
+        return log
+
+
+RECORDER = Recorder()
+
+
+# -- the submission ---------------------------------------------------------------------------
+
+class NotAttemptedHere(Exception):
+    pass
+
+
+@contextlib.contextmanager
+def trusted_first():
+    """Put the project's root first on sys.path while ranks start.
+
+    A spawned rank imports the runner, this module and reference.distributed_testing through the
+    sys.path it inherits, and the runner's has the submission's root in front, where an
+    `adapters.py` or a `reference/` of the student's would shadow ours. The rank puts the
+    submission's sys.path back (load_submission) once those are imported.
+    """
+    saved = sys.path[:]
+    sys.path[:] = [PROJECT_ROOT] + [p for p in saved if p != PROJECT_ROOT]
+    try:
+        yield saved
+    finally:
+        sys.path[:] = saved
+
+
+def load_submission(spec: dict):
+    """The adapters module the runner loaded, imported again in this rank process."""
+    sys.path[:] = spec["sys_path"]
+    name = spec["module_name"]
+    if name in sys.modules:
+        return sys.modules[name]
+    if name == "submission_adapters":
+        module_spec = importlib.util.spec_from_file_location(name, spec["module_file"])
+        module = importlib.util.module_from_spec(module_spec)
+        sys.modules[name] = module
+        module_spec.loader.exec_module(module)
+        return module
+    return importlib.import_module(name)
+
+
+def _raised_by_submission(exc: BaseException) -> bool:
+    """True when the innermost frame of exc is the submission's code (its own stub)."""
+    frames = traceback.extract_tb(exc.__traceback__)
+    root = os.getcwd() + os.sep
+    return bool(frames) and frames[-1].filename.startswith(root)
+
+
+class Calls:
+    """The submission's functions, with NotImplementedError turned into NotAttemptedHere."""
+
+    def __init__(self, module):
+        self.module = module
+
+    def fn(self, name):
+        fn = getattr(self.module, name, None)
+        if fn is None:
+            raise NotAttemptedHere(f"tests/adapters.py has no {name}")
+        return fn
+
+    def run(self, what, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except NotImplementedError as exc:
+            if not _raised_by_submission(exc):
+                raise
+            raise NotAttemptedHere(f"{what} raised NotImplementedError{': ' + str(exc) if str(exc) else ''}")
+
+    def call(self, name, *args, **kwargs):
+        return self.run(name, self.fn(name), *args, **kwargs)
+
+
+def describe(exc: BaseException) -> str:
+    if isinstance(exc, SystemExit):
+        return f"called sys.exit({exc.code!r})"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+
+
+def run_scenarios(names, body) -> dict:
+    """{name: record} for each scenario; after the first failure the rest are not run.
+
+    body(name, result) fills `result` as it goes, so a failing scenario still returns what it
+    got (the parameters right after wrapping, say)."""
+    out = {}
+    for name in names:
+        RECORDER.phase, RECORDER.step = "setup", -1
+        RECORDER.take()
+        result = {}
+        try:
+            body(name, result)
+            out[name] = {"status": "ok", **result, "log": RECORDER.take()}
+        except NotAttemptedHere as exc:
+            out[name] = {"status": "not_attempted", "message": str(exc), **result, "log": RECORDER.take()}
+            break
+        except BaseException as exc:  # the student's exception, SystemExit included
+            out[name] = {"status": "error", "message": describe(exc), "phase": RECORDER.phase,
+                         "step": RECORDER.step, "traceback": traceback.format_exc(limit=-8),
+                         **result, "log": RECORDER.take()}
+            break
+    return out
+
+
+def named(container, reference: dict, kind: str = "parameters") -> dict:
+    """container.named_<kind>() with the wrapper's prefix stripped, so names match `reference`
+    (the bare model's names). Falls back to the bare model when the wrapper renames things."""
+    items = list(getattr(container, f"named_{kind}")())
+    for strip in ("module.", None):
+        renamed = {}
+        for name, t in items:
+            if strip is None:
+                name = name.split(".", 1)[1] if "." in name else name
+            elif name.startswith(strip):
+                name = name[len(strip):]
+            renamed[name] = t
+        if set(renamed) >= set(reference):
+            return {n: renamed[n].detach().clone() for n in reference}
+    return {n: t.detach().clone() for n, t in reference.items()}
+
+
+# -- DDP --------------------------------------------------------------------------------------
+
+def ddp_rank(rank: int, world_size: int, spec: dict) -> dict:
+    """Train spec["models"] through the flavour's adapters on this rank's slice of each batch.
+
+    Per model: the parameters and buffers right after wrapping, the gradients after the first
+    step's synchronisation, the final parameters, and the collective log.
+    """
+    RECORDER.install()  # before the submission is imported, so `from torch.distributed import ...` sees it
+    calls = Calls(load_submission(spec))
+    wrap_name, after_name, start_name = DDP_FLAVOURS[spec["flavour"]]
+    wrap_args = (spec["bucket_size_mb"],) if spec["flavour"] == "bucketed" else ()
+
+    def train(model_name, result):
+        model = build_model(model_name, spec["model_seed"] + rank)
+        bare_params = dict(model.named_parameters())
+        bare_buffers = dict(model.named_buffers())
+        x, y = make_batches(model_name, spec["data_seed"], spec["steps"], spec["batch"])
+        local = x.shape[1] // world_size
+        rows = slice(rank * local, (rank + 1) * local)
+
+        RECORDER.phase = "wrap"
+        ddp_model = calls.call(wrap_name, model, *wrap_args)
+        result.update(initial=named(ddp_model, bare_params), buffers=named(ddp_model, bare_buffers, "buffers"))
+        optimizer = torch.optim.SGD(ddp_model.parameters(), lr=spec["lr"])
+        after = calls.fn(after_name)
+        start = calls.fn(start_name) if start_name else None
+        for step in range(spec["steps"]):
+            RECORDER.step = step
+            if start is not None:
+                RECORDER.phase = "batch_start"
+                calls.run(start_name, start, ddp_model, optimizer)
+            RECORDER.phase = "forward"
+            optimizer.zero_grad()
+            out = calls.run("the wrapper's forward", ddp_model, x[step, rows])
+            loss = F.mse_loss(out, y[step, rows])
+            RECORDER.phase = "backward"
+            calls.run("loss.backward()", loss.backward)
+            RECORDER.phase = "after_backward"
+            calls.run(after_name, after, ddp_model, optimizer)
+            if step == 0:
+                grads = {n: p.grad for n, p in named_refs(ddp_model, bare_params).items()}
+                result["grads0"] = {n: g.detach().clone() for n, g in grads.items() if g is not None}
+            RECORDER.phase = "step"
+            optimizer.step()
+        RECORDER.phase = "done"
+        result["final"] = named(ddp_model, bare_params)
+
+    return run_scenarios(spec["models"], train)
+
+
+def named_refs(container, reference: dict) -> dict:
+    """Like named() but the live parameters themselves (to read .grad)."""
+    items = dict(container.named_parameters())
+    for prefix in ("module.", ""):
+        found = {n: items.get(prefix + n) for n in reference}
+        if all(p is not None for p in found.values()):
+            return found
+    return reference
+
+
+# -- sharded optimizer ------------------------------------------------------------------------
+
+def state_numel(optimizer) -> int:
+    """Optimizer-state elements held by `optimizer` and by any torch Optimizer reachable from
+    its attributes (two levels deep, through lists, tuples and dicts), each tensor once."""
+    seen_optimizers, seen_tensors, total = set(), set(), 0
+
+    def children(obj):
+        if isinstance(obj, dict):
+            return list(obj.values())
+        if isinstance(obj, (list, tuple)):
+            return list(obj)
+        if isinstance(obj, (torch.Tensor, str, bytes, int, float)) or obj is None:
+            return []
+        try:
+            return list(vars(obj).values())
+        except TypeError:
+            return []
+
+    def visit(obj, depth):
+        nonlocal total
+        if isinstance(obj, torch.optim.Optimizer) and id(obj) not in seen_optimizers:
+            seen_optimizers.add(id(obj))
+            for state in obj.state.values():
+                values = state.values() if isinstance(state, dict) else [state]
+                for t in values:
+                    if isinstance(t, torch.Tensor) and id(t) not in seen_tensors:
+                        seen_tensors.add(id(t))
+                        total += t.numel()
+        if depth < 3:  # attributes, then the lists and dicts they hold, then one more
+            for child in children(obj):
+                if not isinstance(child, torch.nn.Module):
+                    visit(child, depth + 1)
+
+    visit(optimizer, 0)
+    return total
+
+
+def sharded_rank(rank: int, world_size: int, spec: dict) -> dict:
+    """Each scenario: every rank builds the same model and trains it on the same batches with
+    get_sharded_optimizer. Returns the final parameters and this rank's optimizer-state size."""
+    RECORDER.install()
+    calls = Calls(load_submission(spec))
+    scenarios = {s["name"]: s for s in spec["scenarios"]}
+
+    def train(name, result):
+        s = scenarios[name]
+        model = build_model(spec["model"], spec["model_seed"])
+        x, y = make_batches(spec["model"], spec["data_seed"], spec["steps"], spec["batch"])
+        held_out = [p for n, p in model.named_parameters() if n in s.get("held_out", ())]
+        params = [p for n, p in model.named_parameters() if n not in s.get("held_out", ())]
+        RECORDER.phase = "construct"
+        optimizer = calls.call("get_sharded_optimizer", params, getattr(torch.optim, s["optimizer"]), **s["kwargs"])
+        for step in range(spec["steps"]):
+            RECORDER.step = step
+            if held_out and step == s["add_after"]:
+                RECORDER.phase = "add_param_group"
+                calls.run("add_param_group", optimizer.add_param_group, {"params": held_out})
+            RECORDER.phase = "forward"
+            if held_out:
+                model.zero_grad(set_to_none=True)  # also the grads of params not yet in the optimizer
+            else:
+                calls.run("zero_grad", optimizer.zero_grad)
+            loss = F.mse_loss(model(x[step]), y[step])
+            RECORDER.phase = "backward"
+            loss.backward()
+            RECORDER.phase = "step"
+            calls.run("the optimizer's step", optimizer.step)
+        RECORDER.phase = "done"
+        result.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
+                      state_numel=state_numel(optimizer))
+
+    return run_scenarios(list(scenarios), train)

@@ -1,0 +1,485 @@
+"""DDP and sharded-optimizer checks, on 2 gloo ranks on the CPU.
+
+The runner spawns the ranks (adapters.distributed_ops) and sends back what each one held: the
+parameters right after wrapping, the gradients after the first step's synchronisation, the
+final parameters, the optimizer-state size and a log of the collectives with the phase of the
+training step they were issued in. This process trains the same models on the same batches in
+one process with plain torch optimizers and judges.
+
+The data-parallel argument: the loss is a mean over equal slices, so the average of the ranks'
+gradients is the full-batch gradient, and a DDP run started from rank 0's weights must end
+where one process trained on the whole batch ends. A sharded optimizer must end where the
+unsharded optimizer ends, with every rank holding about 1/world_size of its state.
+
+One spawn per DDP flavour (both models) and one for every sharded scenario, shared between
+the checks through grading.call_cached.
+"""
+import contextlib
+import re
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from adapters.distributed_ops import DDP_FLAVOURS, build_model, make_batches
+
+WORLD_SIZE = 2
+ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
+
+DDP_MODELS = ("toy", "tied")
+DDP_STEPS, DDP_BATCH, DDP_LR = 5, 8, 0.1  # the global batch; each rank gets DDP_BATCH // WORLD_SIZE rows
+BUCKET_SIZE_MB = 0.001  # ~1 KB: the toy model's 5 parameters land in 4 buckets, some shared
+FLAVOURS = tuple(DDP_FLAVOURS)  # ddp (2026), individual and bucketed (2025)
+
+SHARDED_MODEL = "uneven"  # numels 1024, 64, 2048, 32, 2048, 64, 256, 4: sharding by count is unbalanced
+SHARDED_STEPS, SHARDED_BATCH = 10, 16
+SHARDED_SCENARIOS = {
+    "adamw": {"optimizer": "AdamW", "kwargs": {"lr": 1e-2, "weight_decay": 0.1}},
+    "sgd-momentum": {"optimizer": "SGD", "kwargs": {"lr": 0.1, "momentum": 0.9}},
+    "adamw-add-group": {"optimizer": "AdamW", "kwargs": {"lr": 1e-2, "weight_decay": 0.1},
+                        "held_out": ["fc3.weight", "fc3.bias"], "add_after": 3},
+}
+STATE_SLACK = 16  # elements: room for a few scalar state entries
+
+
+# -- talking to the runner --------------------------------------------------------------------
+
+def distributed_call(grading, submission, kind, spec, what):
+    timeout = grading.rubric.timeout("distributed")
+    request = {"op": "distributed", "kind": kind, "spec": spec, "world_size": WORLD_SIZE,
+               "timeout_s": max(30.0, timeout - 20)}
+    key = ("distributed", submission.name, kind, spec.get("flavour"))  # the cache is shared by all submissions
+    return grading.call_cached(submission, key, request, timeout, what)
+
+
+def ddp_run(grading, submission, flavour):
+    spec = {"flavour": flavour, "models": list(DDP_MODELS), "model_seed": grading.seed,
+            "data_seed": grading.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,
+            "bucket_size_mb": BUCKET_SIZE_MB}
+    return distributed_call(grading, submission, "ddp", spec, f"DDP {flavour}, {WORLD_SIZE} gloo ranks")
+
+
+def sharded_run(grading, submission):
+    spec = {"model": SHARDED_MODEL, "model_seed": grading.seed, "data_seed": grading.seed + 2,
+            "steps": SHARDED_STEPS, "batch": SHARDED_BATCH,
+            "scenarios": [{"name": name, **s} for name, s in SHARDED_SCENARIOS.items()]}
+    return distributed_call(grading, submission, "sharded", spec, f"sharded optimizer, {WORLD_SIZE} gloo ranks")
+
+
+def pick(tensors, scenario, rank, kind):
+    prefix = f"{scenario}/{rank}/{kind}/"
+    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
+
+
+def settle_scenario(c, reply, scenario, labels=None):
+    """Per-rank records of one scenario, or fail the check the way the ranks failed."""
+    c.settle_reply(reply)
+    ranks = reply.result["scenarios"].get(scenario)
+    if ranks and all(s["status"] == "ok" for s in ranks):
+        return ranks
+    if ranks and any(s["status"] == "not_attempted" for s in ranks):
+        c.fail(f"not attempted: {next(s['message'] for s in ranks if s['status'] == 'not_attempted')}",
+               outcome="not_attempted")
+    if ranks and any(s["status"] == "error" for s in ranks):
+        sentence, traceback = rank_error(ranks, labels)
+        c.fail(sentence, traceback, outcome="error")
+    earlier = next((name for name, rs in reply.result["scenarios"].items()
+                    if any(s["status"] == "error" for s in rs)), None)
+    why = f" ({rank_error(reply.result['scenarios'][earlier], labels)[0]})" if earlier else ""
+    c.fail(f"not run: the {earlier or 'previous'} scenario of the same run failed first{why}", outcome="error")
+
+
+COMMUNICATION_FAILURES = ("gloo", "timeout", "timed out", "closed by peer", "pair closure", "connection reset")
+
+
+def rank_error(ranks, labels):
+    """(sentence, traceback) for the first rank that raised. A rank left waiting for a peer that
+    raised fails later inside gloo (timeout, connection closed): show the cause, not that."""
+    def where(s):
+        step = f", step {s['step'] + 1}" if s.get("step", -1) >= 0 else ""
+        return f"in {(labels or {}).get(s.get('phase'), s.get('phase'))}{step}"
+
+    def short(message):
+        message = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", message)  # gloo's source location
+        return message.split(". ")[0][:200]
+
+    errors = [(r, s) for r, s in enumerate(ranks) if s["status"] == "error"]
+    own = [(r, s) for r, s in errors if not any(w in s["message"].lower() for w in COMMUNICATION_FAILURES)]
+    if own:
+        r, s = own[0]
+        return f"rank {r} raised {s['message']} ({where(s)}).", s.get("traceback", "")
+    each = "; ".join(f"rank {r}: {short(s['message'])} ({where(s)})" for r, s in errors)
+    return (f"a collective never completed (timeout or peer gone): the ranks did not issue the same "
+            f"collectives in the same order. {each}.", errors[0][1].get("traceback", ""))
+
+
+@contextlib.contextmanager
+def one_thread():
+    """The ranks run with one thread each; the baselines do too, so matmuls round alike."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(threads)
+
+
+def close(a, b) -> bool:
+    return a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=ATOL, rtol=RTOL)
+
+
+def max_diff(got: dict, want: dict):
+    """(largest absolute difference, parameter name) over the parameters of `want`."""
+    diffs = [((got[n].double() - want[n].double()).abs().max().item() if got[n].shape == want[n].shape
+              else float("inf"), n) for n in want]
+    return max(diffs) if diffs else (0.0, "")
+
+
+def names(items) -> str:
+    items = list(items)
+    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
+
+
+def flavours_defined(grading, submission):
+    defined = grading.functions[submission.name]
+    return [f for f in FLAVOURS if DDP_FLAVOURS[f][0] in defined]
+
+
+def gate_flavour(c, grading, submission, flavour, model=None):
+    """Skip flavours the submission does not define; if it defines none, the 2026 flavour stands in
+    and fails as not attempted (so every submission is graded out of the same points)."""
+    defined = flavours_defined(grading, submission)
+    if flavour in defined:
+        return
+    if defined or flavour != "ddp" or model not in (None, DDP_MODELS[0]):
+        c.skip(f"{DDP_FLAVOURS[flavour][0]} is not defined in the adapters")
+    wanted = ", ".join(DDP_FLAVOURS[f][0] for f in FLAVOURS)
+    c.fail(f"not attempted: {submission.adapters_file} defines none of {wanted}.", outcome="not_attempted")
+
+
+# -- DDP baselines ----------------------------------------------------------------------------
+
+def ddp_labels(flavour):
+    wrap, after, start = DDP_FLAVOURS[flavour]
+    return {"wrap": wrap, "after_backward": after, "batch_start": start, "forward": "the forward",
+            "backward": "loss.backward()", "step": "optimizer.step()", "setup": "setup"}
+
+
+def train_single(model_name, seed, data_seed, lr=DDP_LR, rows=slice(None), init=None):
+    """Single-process SGD from rank 0's initialisation (or `init`) on rows of each global batch."""
+    with one_thread():
+        model = build_model(model_name, seed)
+        if init is not None:
+            with torch.no_grad():
+                for n, p in model.named_parameters():
+                    p.copy_(init[n])
+        x, y = make_batches(model_name, data_seed, DDP_STEPS, DDP_BATCH)
+        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
+        for step in range(DDP_STEPS):
+            optimizer.zero_grad()
+            F.mse_loss(model(x[step, rows]), y[step, rows]).backward()
+            optimizer.step()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}
+
+
+def first_step_grads(model_name, seed, data_seed, rows=slice(None)):
+    with one_thread():
+        model = build_model(model_name, seed)
+        x, y = make_batches(model_name, data_seed, DDP_STEPS, DDP_BATCH)
+        F.mse_loss(model(x[0, rows]), y[0, rows]).backward()
+        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+
+
+def shared_parameters(model) -> set:
+    """Names (as named_parameters() gives them) of parameters used by more than one module."""
+    uses = {}
+    for n, p in model.named_parameters(remove_duplicate=False):
+        uses.setdefault(id(p), []).append(n)
+    first = {id(p): n for n, p in model.named_parameters()}
+    return {first[i] for i, ns in uses.items() if len(ns) > 1}
+
+
+def grad_factor(got, want):
+    """k such that got is k times want, for the multiples a broken reduction produces."""
+    if not want.abs().max() > 0:
+        return 1 if close(got, want) else None
+    for k in (1, WORLD_SIZE, 1 / WORLD_SIZE, WORLD_SIZE ** 2):
+        if close(got, k * want):
+            return k
+    return None
+
+
+def rows_of(rank):
+    local = DDP_BATCH // WORLD_SIZE
+    return slice(rank * local, (rank + 1) * local)
+
+
+def explain_ddp(grading, flavour, model_name, ranks, tensors):
+    """A sentence for why the ranks did not end where single-process training ends."""
+    seed, data_seed = grading.seed, grading.seed + 1
+    after = DDP_FLAVOURS[flavour][1]
+    start = {n: p.detach() for n, p in build_model(model_name, seed).named_parameters()}
+    start_buffers = dict(build_model(model_name, seed).named_buffers())
+    for r in range(1, len(ranks)):
+        initial = pick(tensors, model_name, r, "initial")
+        buffers = pick(tensors, model_name, r, "buffers")
+        if any(not close(initial[n], start[n]) for n in start) or \
+                any(n in buffers and not close(buffers[n], b) for n, b in start_buffers.items()):
+            return (f"rank {r} did not start from rank 0's parameters and buffers (see ddp::broadcast), "
+                    f"so the ranks trained different models.")
+
+    full = first_step_grads(model_name, seed, data_seed)
+    shared = shared_parameters(build_model(model_name, seed))
+    for r in range(len(ranks)):
+        grads = pick(tensors, model_name, r, "grads0")
+        if missing := [n for n in full if n not in grads]:
+            return f"after {after} on the first step, rank {r} has no gradient for {names(missing)}."
+        local = first_step_grads(model_name, seed, data_seed, rows_of(r))
+        if all(close(grads[n], local[n]) for n in full) and not all(close(local[n], full[n]) for n in full):
+            return (f"gradients are not all-reduced: after {after}, rank {r} holds the gradient of its own "
+                    f"slice of the batch, so each rank takes a different step.")
+        factors = {n: grad_factor(grads[n], full[n]) for n in full}
+        if all(k == WORLD_SIZE for k in factors.values()):
+            return (f"parameters differ from single-process training by {WORLD_SIZE}x the expected update: "
+                    f"gradients are summed, not averaged (divide the all-reduced sum by the world size).")
+        if all(k == 1 / WORLD_SIZE for k in factors.values()):
+            return (f"the synchronized gradients are 1/{WORLD_SIZE} of the full-batch average: "
+                    f"they are divided by the world size twice.")
+        wrong = [n for n, k in factors.items() if k != 1]
+        if wrong:
+            how = {k for k in (factors[n] for n in wrong)}
+            what = (f"{how.pop():g}x the full-batch average" if len(how) == 1 and None not in how
+                    else "not the full-batch average")
+            tied = [n for n in wrong if n in shared]
+            hint = (": a parameter shared by two modules must be reduced once" if tied and set(wrong) <= shared
+                    else "")
+            others = "; the others are right" if len(wrong) < len(factors) else ""
+            return (f"after {after} on the first step, the gradient of {names(wrong)} on rank {r} is "
+                    f"{what}{others}{hint}.")
+
+    finals = [pick(tensors, model_name, r, "final") for r in range(len(ranks))]
+    frozen = [n for n, p in build_model(model_name, seed).named_parameters() if not p.requires_grad]
+    if changed := [n for n in frozen if not close(finals[0][n], start[n])]:
+        return f"the frozen parameter {names(changed)} (requires_grad=False) changed during training."
+    for r in range(1, len(ranks)):
+        if any(not close(finals[r][n], finals[0][n]) for n in start):
+            diff, name = max_diff(finals[r], finals[0])
+            return (f"rank {r} ends with parameters different from rank 0's (max difference {diff:.2g} in "
+                    f"{name}) although the first step's gradients were right.")
+    summed = train_single(model_name, seed, data_seed, lr=DDP_LR * WORLD_SIZE)
+    if all(close(finals[0][n], summed[n]) for n in summed):
+        return (f"parameters differ from single-process training by {WORLD_SIZE}x the expected update: "
+                f"gradients are summed, not averaged.")
+    expected = train_single(model_name, seed, data_seed)
+    diff, name = max_diff(finals[0], expected)
+    return (f"the first step's gradients are right but the parameters after {DDP_STEPS} steps differ from "
+            f"single-process training (max difference {diff:.2g} in {name}): gradients of later steps are "
+            f"not synchronized the same way (is per-step state reset?).")
+
+
+# -- DDP checks -------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("flavour,model_name", [(f, m) for f in FLAVOURS for m in DDP_MODELS],
+                         ids=[f"{f}-{m}" for f in FLAVOURS for m in DDP_MODELS])
+def test_ddp_equivalence(grading, submission, check, flavour, model_name):
+    """Every rank ends where single-process training on the full batch ends."""
+    c = check("ddp", "equivalence", f"{flavour}-{model_name}")
+    gate_flavour(c, grading, submission, flavour, model_name)
+    reply, tensors = ddp_run(grading, submission, flavour)
+    ranks = settle_scenario(c, reply, model_name, ddp_labels(flavour))
+    expected = train_single(model_name, grading.seed, grading.seed + 1)
+    finals = [pick(tensors, model_name, r, "final") for r in range(len(ranks))]
+    if missing := [n for n in expected if n not in finals[0]]:
+        c.fail(f"the wrapper does not expose the model's parameters {names(missing)} through named_parameters().")
+    if all(close(final[n], expected[n]) for final in finals for n in expected):
+        diff = max(max_diff(final, expected)[0] for final in finals)
+        c.ok(f"all {len(ranks)} ranks match single-process training on the full batch after {DDP_STEPS} "
+             f"steps (max difference {diff:.1e})")
+        return
+    sentence = explain_ddp(grading, flavour, model_name, ranks, tensors)
+    diffs = "; ".join(f"rank {r}: max difference {d:.2g} in {n}" for r, (d, n) in
+                      enumerate(max_diff(final, expected) for final in finals))
+    c.fail(sentence, f"final parameters against single-process training: {diffs}")
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_ddp_broadcast(grading, submission, check, flavour):
+    """Right after wrapping, every rank holds rank 0's initial parameters and buffers."""
+    c = check("ddp", "broadcast", flavour)
+    gate_flavour(c, grading, submission, flavour)
+    reply, tensors = ddp_run(grading, submission, flavour)
+    c.settle_reply(reply)
+    checked, unchecked = [], []
+    for model_name in DDP_MODELS:
+        ranks = reply.result["scenarios"].get(model_name)
+        if not ranks or any(not pick(tensors, model_name, r, "initial") for r in range(len(ranks))):
+            unchecked.append(model_name)  # failed before wrapping returned, or did not run
+            continue
+        checked.append(model_name)
+        rank0 = build_model(model_name, grading.seed)
+        want = {n: p.detach() for n, p in rank0.named_parameters()}
+        want_buffers = dict(rank0.named_buffers())
+        for r in range(len(ranks)):
+            own = build_model(model_name, grading.seed + r)
+            own_params, own_buffers = dict(own.named_parameters()), dict(own.named_buffers())
+            got, got_buffers = pick(tensors, model_name, r, "initial"), pick(tensors, model_name, r, "buffers")
+            bad = [n for n in want if not close(got[n], want[n])]
+            bad_buffers = [n for n in want_buffers if n in got_buffers and not close(got_buffers[n], want_buffers[n])]
+            if not bad and not bad_buffers:
+                continue
+            kept = [n for n in bad if close(got[n], own_params[n])]
+            if r == 0:
+                c.fail(f"rank 0's parameters {names(bad)} changed when wrapping: the broadcast must "
+                       f"send rank 0's values (src=0).")
+            if kept and len(kept) == len(want):
+                c.fail(f"rank {r} kept its own initial weights ({model_name} model): parameters are not "
+                       f"broadcast from rank 0 at construction.")
+            if kept:
+                frozen = [n for n in kept if not own_params[n].requires_grad]
+                hint = ("frozen parameters (requires_grad=False) are used in forward and must be broadcast too"
+                        if len(frozen) == len(kept) else "every parameter must be broadcast from rank 0")
+                c.fail(f"rank {r} kept its own initial {names(kept)} ({model_name} model): {hint}.")
+            if bad:
+                c.fail(f"after wrapping, rank {r}'s {names(bad)} match neither rank 0's initial values nor "
+                       f"its own ({model_name} model).")
+            c.fail(f"rank {r} kept its own buffer {names(bad_buffers)} ({model_name} model): buffers are not "
+                   f"broadcast from rank 0, so the ranks compute different forwards.")
+    if not checked:
+        settle_scenario(c, reply, DDP_MODELS[0], ddp_labels(flavour))
+    note = f"every rank holds rank 0's initial parameters and buffers after wrapping ({' and '.join(checked)} model)"
+    c.ok(note + "".join(f"; the {m} model was not checked: its run stopped before wrapping returned"
+                        for m in unchecked))
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_ddp_overlap(grading, submission, check, flavour):
+    """At least one gradient reduction is issued while loss.backward() is still running."""
+    c = check("ddp", "overlap", flavour)
+    gate_flavour(c, grading, submission, flavour)
+    reply, _ = ddp_run(grading, submission, flavour)
+    ranks = settle_scenario(c, reply, DDP_MODELS[0], ddp_labels(flavour))
+    after = DDP_FLAVOURS[flavour][1]
+    counts = []
+    for r, s in enumerate(ranks):
+        reducing = [e for e in s["log"] if e["fn"] in ("all_reduce", "all_reduce_coalesced", "reduce",
+                                                       "reduce_scatter", "reduce_scatter_tensor")
+                    and e["step"] >= 0]
+        during = [e for e in reducing if e["phase"] == "backward"]
+        counts.append((len(during), len(reducing)))
+        if not reducing:
+            c.fail(f"rank {r} issued no all-reduce (or other reducing collective) through torch.distributed "
+                   f"during training: gradients are not synchronized, or not in a way this check can see.")
+        if not during:
+            where = sorted({e["phase"] for e in reducing})
+            c.fail("no all-reduce was issued before backward returned: communication does not overlap with "
+                   "computation.", f"rank {r}: {len(reducing)} reducing collectives, issued in "
+                   f"{', '.join(after if p == 'after_backward' else p for p in where)}")
+    c.ok("; ".join(f"rank {r}: {d} of {n} reducing collectives issued during backward"
+                   for r, (d, n) in enumerate(counts)))
+
+
+# -- sharded optimizer ------------------------------------------------------------------------
+
+def train_unsharded(grading, scenario):
+    """The scenario with the plain torch optimizer: (final parameters, optimizer)."""
+    s = SHARDED_SCENARIOS[scenario]
+    with one_thread():
+        model = build_model(SHARDED_MODEL, grading.seed)
+        x, y = make_batches(SHARDED_MODEL, grading.seed + 2, SHARDED_STEPS, SHARDED_BATCH)
+        held = s.get("held_out", [])
+        cls = getattr(torch.optim, s["optimizer"])
+        optimizer = cls([p for n, p in model.named_parameters() if n not in held], **s["kwargs"])
+        for step in range(SHARDED_STEPS):
+            if held and step == s["add_after"]:
+                optimizer.add_param_group({"params": [p for n, p in model.named_parameters() if n in held]})
+            if held:
+                model.zero_grad(set_to_none=True)
+            else:
+                optimizer.zero_grad()
+            F.mse_loss(model(x[step]), y[step]).backward()
+            optimizer.step()
+        return {n: p.detach().clone() for n, p in model.named_parameters()}, optimizer
+
+
+SHARDED_LABELS = {"construct": "get_sharded_optimizer", "add_param_group": "add_param_group",
+                  "step": "the optimizer's step", "forward": "zero_grad or the forward",
+                  "backward": "loss.backward()", "setup": "setup"}
+
+
+def judge_sharded(c, grading, submission, scenario):
+    gate_sharded(c, grading, submission)
+    reply, tensors = sharded_run(grading, submission)
+    ranks = settle_scenario(c, reply, scenario, SHARDED_LABELS)
+    expected, _ = train_unsharded(grading, scenario)
+    finals = [pick(tensors, scenario, r, "final") for r in range(len(ranks))]
+    if all(close(final[n], expected[n]) for final in finals for n in expected):
+        diff = max(max_diff(final, expected)[0] for final in finals)
+        return f"all {len(ranks)} ranks match the unsharded torch.optim.{SHARDED_SCENARIOS[scenario]['optimizer']} " \
+               f"after {SHARDED_STEPS} steps (max difference {diff:.1e})"
+    start = {n: p.detach() for n, p in build_model(SHARDED_MODEL, grading.seed).named_parameters()}
+    diffs = "; ".join(f"rank {r}: max difference {d:.2g} in {n}" for r, (d, n) in
+                      enumerate(max_diff(final, expected) for final in finals))
+    for r in range(1, len(ranks)):
+        if any(not torch.equal(finals[r][n], finals[0][n]) and not close(finals[r][n], finals[0][n]) for n in start):
+            stale = {q: [n for n in start if close(finals[q][n], start[n])] for q in range(len(ranks))}
+            q = max(stale, key=lambda q: len(stale[q]))
+            detail = (f": rank {q} still holds the initial values of {names(stale[q])}" if stale[q] else "")
+            c.fail(f"ranks disagree after step: updated parameters are not broadcast from their owners{detail}.", diffs)
+    held = SHARDED_SCENARIOS[scenario].get("held_out", [])
+    if held and all(close(finals[0][n], start[n]) for n in held):
+        c.fail(f"the parameters added with add_param_group ({names(held)}) were never updated.", diffs)
+    stale = [n for n in start if close(finals[0][n], start[n]) and not close(expected[n], start[n])]
+    if stale:
+        c.fail(f"{names(stale)} never changed on any rank: no rank updates them (are they assigned an owner?).", diffs)
+    diff, name = max_diff(finals[0], expected)
+    c.fail(f"the ranks agree but differ from the unsharded torch.optim.{SHARDED_SCENARIOS[scenario]['optimizer']} "
+           f"(max difference {diff:.2g} in {name}): each parameter must get exactly the update the "
+           f"unsharded optimizer gives it.", diffs)
+
+
+def gate_sharded(c, grading, submission):
+    if "get_sharded_optimizer" not in grading.functions[submission.name]:
+        c.fail(f"not attempted: {submission.adapters_file} has no get_sharded_optimizer.", outcome="not_attempted")
+
+
+@pytest.mark.parametrize("scenario", ["adamw", "sgd-momentum"])
+def test_sharded_equivalence(grading, submission, check, scenario):
+    """Every rank ends where the unsharded optimizer ends."""
+    c = check("sharded_optimizer", "equivalence", scenario)
+    c.ok(judge_sharded(c, grading, submission, scenario))
+
+
+def test_sharded_add_param_group(grading, submission, check):
+    """A group added after 3 steps is trained like the unsharded optimizer trains it."""
+    c = check("sharded_optimizer", "add_param_group", "adamw")
+    c.ok(judge_sharded(c, grading, submission, "adamw-add-group"))
+
+
+def test_sharded_state(grading, submission, check):
+    """Each rank holds at most half the AdamW state plus the largest parameter's, and some."""
+    c = check("sharded_optimizer", "state_sharded", "adamw")
+    gate_sharded(c, grading, submission)
+    reply, _ = sharded_run(grading, submission)
+    ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
+    _, full = train_unsharded(grading, "adamw")
+    per_param = [sum(v.numel() for v in s.values() if torch.is_tensor(v)) for s in full.state.values()]
+    total, largest = sum(per_param), max(per_param)
+    bound = total // WORLD_SIZE + largest + STATE_SLACK
+    held = [s["state_numel"] for s in ranks]
+    evidence = (f"optimizer-state elements per rank: {held}; unsharded AdamW holds {total}, largest parameter's "
+                f"share {largest}, allowed per rank {bound}")
+    if all(h == 0 for h in held):
+        c.fail("no optimizer state was found on any rank: the check counts the .state of the returned "
+               "optimizer and of torch.optim.Optimizer objects held in its attributes.", evidence)
+    if all(h >= total for h in held):
+        c.fail(f"every rank holds the full optimizer state ({held[0]} elements of {total}): state is not sharded.",
+               evidence)
+    if empty := [r for r, h in enumerate(held) if h == 0]:
+        c.fail(f"rank {empty[0]} holds no optimizer state while rank {held.index(max(held))} holds {max(held)} of "
+               f"{total}: the parameters are not shared out between the ranks.", evidence)
+    if over := [r for r, h in enumerate(held) if h > bound]:
+        r = over[0]
+        c.fail(f"rank {r} holds {held[r]} of {total} optimizer-state elements, more than the {bound} a balanced "
+               f"split allows (1/{WORLD_SIZE} plus the largest parameter's state): assign parameters by size "
+               f"(numel), not by count.", evidence)
+    c.ok(evidence)
