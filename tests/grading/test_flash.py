@@ -26,12 +26,13 @@ def expected(case, seed, device):
     return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
 
 
-def run_case(grading, submission, slot, case):
-    """The runner's reply and tensors for one case, shared by the checks that read them."""
+def run_case(grading, submission, slot, case, warmup=False):
+    """The runner's reply and tensors for one case, shared by the checks that read them.
+    `warmup` runs the case once first, so compiling and autotuning stay out of measurements."""
     interpreted = slot == "triton" and not grading.on_gpu
     timeout = grading.rubric.timeout("flash_interpreted" if interpreted else "flash")
     request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed,
-               "device": "cuda" if grading.on_gpu else "cpu"}
+               "device": "cuda" if grading.on_gpu else "cpu", "warmup": warmup}
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
     return grading.call_cached(submission, ("flash", slot, case), request, timeout, what)
 
