@@ -78,7 +78,9 @@ class SubmissionRunner:
         env = {k: v for k, v in env.items() if not k.startswith(("PYTEST_", "COV_"))}
         with open(self.log_path, "ab") as log:
             self.process = subprocess.Popen(
-                [sys.executable, "-m", "adapters.runner", str(to_runner_r), str(from_runner_w)],
+                # -P: the submission's folder (the cwd) does not go first on sys.path, so a
+                # root-level adapters.py cannot shadow this package; the runner adds it later.
+                [sys.executable, "-P", "-m", "adapters.runner", str(to_runner_r), str(from_runner_w)],
                 cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=log, stderr=subprocess.STDOUT,
                 pass_fds=(to_runner_r, from_runner_w), start_new_session=True)
         os.close(to_runner_r)

@@ -82,6 +82,7 @@ class Grading:
 
     def call_cached(self, submission, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
+        key = (submission.name, key)  # replies never cross submissions
         if key not in self._replies:
             runner = self.runner(submission)
             reply = runner.call(request, timeout, what)
