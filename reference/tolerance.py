@@ -77,7 +77,8 @@ def expected_attention(q, k, v, do, is_causal: bool) -> tuple[dict, dict]:
             attention_and_grads(q, k, v, do, is_causal, dtype=q.dtype))
 
 
-def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None) -> dict:
+def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None,
+                    output_factor: float = OUTPUT_FACTOR, grad_factor: float = GRAD_FACTOR) -> dict:
     """Verdicts for o, L, dq, dk, dv in `got` (those present), against the float64 oracle.
 
     `expected` is expected_attention(...) when the caller already has it.
@@ -86,6 +87,6 @@ def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None) -> d
     verdicts = {}
     for name in ("o", "L", "dq", "dk", "dv"):
         if got.get(name) is not None:
-            factor = GRAD_FACTOR if name.startswith("d") else OUTPUT_FACTOR
+            factor = grad_factor if name.startswith("d") else output_factor
             verdicts[name] = compare(name, got[name], oracle[name], baseline[name], factor, q.dtype)
     return verdicts

@@ -74,6 +74,9 @@ class Grading:
     def runner(self, submission) -> SubmissionRunner:
         if submission.name not in self._runners:
             env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
+            worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # pin workers to GPUs round-robin
+            if self.on_gpu and torch.cuda.device_count() > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+                env["CUDA_VISIBLE_DEVICES"] = str(int(worker.lstrip("gw") or 0) % torch.cuda.device_count())
             threads = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
             env["OMP_NUM_THREADS"] = str(threads)
             self._runners[submission.name] = SubmissionRunner(submission, env=env,

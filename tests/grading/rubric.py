@@ -13,6 +13,7 @@ class Rubric:
         self.timeouts = data.get("timeouts", {})
         self.parts = data.get("parts", {})
         self.budgets = data.get("budgets", {})
+        self.tolerances = {"output_factor": 2.0, "grad_factor": 3.0, **data.get("tolerances", {})}
         self.groups = {}
         for key, value in data.get("groups", {}).items():
             value = value if isinstance(value, dict) else {"points": value}

@@ -50,7 +50,8 @@ def judge(check, grading, case, tensors, names, fp32_course_tolerance=True):
     (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, "cuda" if grading.on_gpu else "cpu")
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")
-    verdicts = judge_attention({n: tensors[n] for n in names}, q, k, v, do, case.is_causal, (oracle, baseline))
+    verdicts = judge_attention({n: tensors[n] for n in names}, q, k, v, do, case.is_causal, (oracle, baseline),
+                               **grading.rubric.tolerances)
     check.update(verdicts={n: v.as_dict() for n, v in verdicts.items()})
     for name in names:
         if tensors[name].dtype != (torch.float32 if name == "L" else q.dtype):
