@@ -12,17 +12,19 @@ from adapters.client import PROJECT_ROOT, SubmissionRunner
 from adapters.discover import load_submission
 from reference.tolerance import judge_attention
 
-REPEATS = 5  # medians of this many timed calls
-ITERS = 10  # forward + backward passes per timed call
+def last_seed(seed, budget):
+    return seed + 1000 * (budget["repeats"] - 1) + budget["iters"] - 1
 
 
-def median_ms(runner, request, timeout):
+def median_ms(runner, request, timeout, budget):
+    """Median over `repeats` runner calls of the time per forward+backward, timed from outside."""
     times, reply = [], None
-    for r in range(REPEATS):
-        reply = runner.call({**request, "seeds": [request["seed"] + 1000 * r + i for i in range(ITERS)]}, timeout)
+    for r in range(budget["repeats"]):
+        seeds = [request["seed"] + 1000 * r + i for i in range(budget["iters"])]
+        reply = runner.call({**request, "seeds": seeds}, timeout)
         if not reply.ok:
             return None, reply
-        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / ITERS)
+        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / budget["iters"])
     return sorted(times)[len(times) // 2], reply
 
 
@@ -36,20 +38,23 @@ def test_budget(grading, submission, check, slot):
         c.skip("timing budgets need a CUDA GPU")
     request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
-    student_ms, reply = median_ms(grading.runner(submission), request, timeout)
+    student_ms, reply = median_ms(grading.runner(submission), request, timeout, budget)
     c.settle_reply(reply)
     tensors = grading.runner(submission).load_tensors(reply)
-    last_seed = request["seed"] + 1000 * (REPEATS - 1) + ITERS - 1
-    q, k, v, do = (t.cuda() for t in make_inputs(case, last_seed))
+    q, k, v, do = (t.cuda() for t in make_inputs(case, last_seed(request["seed"], budget)))
     wrong = [v.reason for v in judge_attention(tensors, q, k, v, do, case.is_causal).values() if not v.ok]
     if wrong:
         c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
 
     reference = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
     try:
-        reference_ms, ref_reply = median_ms(reference, request, timeout)
+        reference_ms, ref_reply = median_ms(reference, request, timeout, budget)
     finally:
         reference.close()
+    if reference_ms is None:
+        c.fail(f"the reference could not be timed here ({ref_reply.message}), so no budget applies.", outcome="error")
+    # SDPA for the picture: (1, B, N, d), as its flash backend takes 4-D inputs only
+    q, k, v, do = (t.unsqueeze(0) for t in (q, k, v, do))
     q, k, v = (t.requires_grad_() for t in (q, k, v))
     sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=case.is_causal).backward(do)
     from triton.testing import do_bench

@@ -1,0 +1,68 @@
+"""Calibrate the rubric's timing budgets on a GPU: 20 timing measurements, as the suite makes them.
+
+    python bench/calibrate_budgets.py [--runs 20]
+
+For each slot it measures, with the suite's own `median_ms` (the runner call timed from the
+outside, inputs rotated through fresh seeds), the ratio student / reference for
+  - the reference against a second runner of itself: a budget must never fail it;
+  - submissions/slow/tiles16 (correct, 16x16 tiles): a budget must fail it every time,
+and prints the spread and, for candidate budgets, how many of the runs each would fail.
+"""
+import argparse
+import statistics
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from adapters.cases import FlashCase  # noqa: E402
+from adapters.client import SubmissionRunner  # noqa: E402
+from adapters.discover import load_submission  # noqa: E402
+from tests.grading.rubric import Rubric  # noqa: E402
+from tests.grading.test_timing import median_ms  # noqa: E402
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--runs", type=int, default=20)
+    args = parser.parse_args()
+    rubric = Rubric()
+    rows = []
+    for slot in ("triton", "pytorch"):
+        budget = rubric.budgets[f"flash_{slot}"]
+        case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"],
+                         head_dim=budget["d"], dtype=budget["dtype"], is_causal=budget["causal"])
+        runners = {name: SubmissionRunner(load_submission(ROOT / "submissions" / path))
+                   for name, path in (("reference", "reference"), ("reference-again", "reference"),
+                                      ("tiles16", "slow/tiles16"))}
+        ratios = {"reference": [], "tiles16": []}
+        try:
+            for run in range(args.runs):
+                request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": 100 + run,
+                           "device": "cuda"}
+                times = {}
+                for name, runner in runners.items():
+                    ms, reply = median_ms(runner, request, 600, budget)
+                    if ms is None:
+                        raise SystemExit(f"{name} failed: {reply.status} {reply.message}")
+                    times[name] = ms
+                ratios["reference"].append(times["reference-again"] / times["reference"])
+                ratios["tiles16"].append(times["tiles16"] / times["reference"])
+                print(f"{slot} run {run + 1:2d}: reference {times['reference']:.3f} ms, again "
+                      f"{times['reference-again']:.3f} ms, tiles16 {times['tiles16']:.3f} ms", flush=True)
+        finally:
+            for runner in runners.values():
+                runner.close()
+        rows.append((slot, case.id, budget["ratio"], ratios))
+
+    print(f"\n{'slot':8s} {'case':28s} {'who':10s} {'min':>6s} {'median':>7s} {'max':>6s}   runs over 1.5x / 2x / 3x / 5x")
+    for slot, case_id, current, ratios in rows:
+        for who, values in ratios.items():
+            over = " / ".join(str(sum(v > b for v in values)) for b in (1.5, 2, 3, 5))
+            print(f"{slot:8s} {case_id:28s} {who:10s} {min(values):6.2f} {statistics.median(values):7.2f} "
+                  f"{max(values):6.2f}   {over}   (budget now {current}x)")
+
+
+if __name__ == "__main__":
+    main()
