@@ -26,10 +26,11 @@ from tests.grading.test_timing import median_ms  # noqa: E402
 def main():
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument("--slots", nargs="+", default=["triton", "pytorch"])
     args = parser.parse_args()
     rubric = Rubric()
     rows = []
-    for slot in ("triton", "pytorch"):
+    for slot in args.slots:
         budget = rubric.budgets[f"flash_{slot}"]
         case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"],
                          head_dim=budget["d"], dtype=budget["dtype"], is_causal=budget["causal"])
