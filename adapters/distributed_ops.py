@@ -41,8 +41,9 @@ DDP_FLAVOURS = {
     "bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"),
 }
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-               "all_gather", "all_gather_into_tensor", "broadcast")
-REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor")
+               "reduce_scatter_single", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
+REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
+            "reduce_scatter_single")
 
 
 # -- inputs, shared with the harness ----------------------------------------------------------
@@ -362,5 +363,70 @@ def sharded_rank(rank: int, world_size: int, spec: dict) -> dict:
         RECORDER.phase = "done"
         result.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
                       state_numel=state_numel(optimizer))
+
+    return run_scenarios(list(scenarios), train)
+
+
+# -- FSDP (2026) ------------------------------------------------------------------------------
+
+def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
+    """Each scenario (a compute dtype): every rank builds the same model, wraps it with get_fsdp
+    and trains it with SGD over the wrapper's parameters() on its slice of each global batch.
+    Returns fsdp_gather_full_params right after wrapping, after the first step and after
+    training, the numel and dtypes of parameters(), and the dtypes the model's Linear/Embedding
+    layers produced (when their forward still runs)."""
+    RECORDER.install()
+    calls = Calls(load_submission(spec))
+    scenarios = {s["name"]: s for s in spec["scenarios"]}
+
+    def train(name, result):
+        s = scenarios[name]
+        compute_dtype = getattr(torch, s["compute_dtype"]) if s["compute_dtype"] else None
+        model = build_model(spec["model"], spec["model_seed"])  # the same on every rank
+        seen = set()  # output dtypes of the layers that FSDP is meant to shard
+        for layer in model.modules():
+            if isinstance(layer, (torch.nn.Linear, torch.nn.Embedding)):
+                layer.register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
+                                            if torch.is_tensor(out) else None)
+        x, y = make_batches(spec["model"], spec["data_seed"], spec["steps"], spec["batch"])
+        local = x.shape[1] // world_size
+        rows = slice(rank * local, (rank + 1) * local)
+
+        RECORDER.phase = "wrap"
+        args = () if compute_dtype is None else (compute_dtype,)
+        fsdp_model = calls.call("get_fsdp", model, *args)
+        params = list(fsdp_model.parameters())
+        result.update(numel=sum(p.numel() for p in params),
+                      param_dtypes=sorted({str(p.dtype).split(".")[-1] for p in params}))
+        RECORDER.phase = "gather"
+        result["initial"] = gather_full(fsdp_model, result)
+        optimizer = torch.optim.SGD(params, lr=spec["lr"])
+        after = calls.fn("fsdp_on_after_backward")
+        for step in range(spec["steps"]):
+            RECORDER.step = step
+            RECORDER.phase = "forward"
+            optimizer.zero_grad()
+            out = calls.run("the wrapper's forward", fsdp_model, x[step, rows])
+            loss = F.mse_loss(out.float(), y[step, rows])
+            RECORDER.phase = "backward"
+            calls.run("loss.backward()", loss.backward)
+            RECORDER.phase = "after_backward"
+            calls.run("fsdp_on_after_backward", after, fsdp_model, optimizer)
+            RECORDER.phase = "step"
+            optimizer.step()
+            if step == 0:  # SGD: (initial - after1) / lr is the first step's gradient
+                RECORDER.phase = "gather"
+                result["after1"] = gather_full(fsdp_model, result)
+        result["layer_dtypes"] = sorted(seen)
+        RECORDER.phase = "gather"
+        result["final"] = gather_full(fsdp_model, result)
+        RECORDER.phase = "done"
+
+    def gather_full(fsdp_model, result):
+        full = calls.call("fsdp_gather_full_params", fsdp_model)
+        if not hasattr(full, "items"):
+            raise TypeError(f"fsdp_gather_full_params returned {type(full).__name__}, not a dict of tensors")
+        result["not_tensors"] = sorted(str(k) for k, v in full.items() if not torch.is_tensor(v))
+        return {str(k): v.detach().cpu().clone() for k, v in full.items() if torch.is_tensor(v)}
 
     return run_scenarios(list(scenarios), train)

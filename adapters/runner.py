@@ -171,7 +171,8 @@ class Runner:
         scenario on every rank stopped at NotImplementedError or a missing adapter, the call is
         not attempted.
         """
-        fn = {"ddp": distributed_ops.ddp_rank, "sharded": distributed_ops.sharded_rank}[request["kind"]]
+        fn = {"ddp": distributed_ops.ddp_rank, "sharded": distributed_ops.sharded_rank,
+              "fsdp": distributed_ops.fsdp_rank}[request["kind"]]
         self.phase("ranks")
         try:
             with distributed_ops.trusted_first() as sys_path:

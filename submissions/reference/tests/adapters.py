@@ -58,3 +58,19 @@ def ddp_bucketed_on_train_batch_start(model: torch.nn.Module, optimizer: torch.o
 def get_sharded_optimizer(params, optimizer_cls: type[torch.optim.Optimizer], **kwargs) -> torch.optim.Optimizer:
     from cs336_systems.sharded_optimizer import get_sharded_optimizer
     return get_sharded_optimizer(params, optimizer_cls, **kwargs)
+
+
+# 2026: fully sharded data parallel
+def get_fsdp(module: torch.nn.Module, compute_dtype: torch.dtype | None = None) -> torch.nn.Module:
+    from cs336_systems.fsdp import get_fsdp
+    return get_fsdp(module, compute_dtype)
+
+
+def fsdp_on_after_backward(model: torch.nn.Module, optimizer: torch.optim.Optimizer):
+    from cs336_systems.fsdp import fsdp_on_after_backward
+    return fsdp_on_after_backward(model, optimizer)
+
+
+def fsdp_gather_full_params(model: torch.nn.Module) -> dict[str, torch.Tensor]:
+    from cs336_systems.fsdp import fsdp_gather_full_params
+    return fsdp_gather_full_params(model)
