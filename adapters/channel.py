@@ -9,6 +9,9 @@ import select
 import time
 
 
+MAX_MESSAGE = 16 << 20  # bytes
+
+
 class ChannelClosed(Exception):
     """The other side closed its end (or died)."""
 
@@ -38,6 +41,8 @@ class Channel:
             if not chunk:
                 raise ChannelClosed()
             self._buffer += chunk
+            if len(self._buffer) > MAX_MESSAGE and b"\n" not in self._buffer:
+                raise ValueError("a message longer than the channel allows")  # tensors go through files
         line, self._buffer = self._buffer.split(b"\n", 1)
         return json.loads(line)
 

@@ -1,0 +1,17 @@
+"""DELIBERATELY HOSTILE test code (see README.md)."""
+import torch
+
+from cs336_systems.naive import NaiveAttention
+
+import os
+import signal
+
+
+class HostileAttention(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    @staticmethod
+    def backward(ctx, do):
+        return NaiveAttention.backward(ctx, do)

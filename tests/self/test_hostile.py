@@ -1,0 +1,598 @@
+"""The grader against deliberately hostile submissions (submissions/hostile/, each with an
+EXPECTED.yaml), and the runner's guarantees one by one.
+
+The measurement: one `pytest -n 2` session grades the hostile examples mixed with the reference
+and an honest buggy control, on a selection of checks (SELECT) and with small timeouts
+(fixtures/hostile_rubric.yaml). It must finish; each hostile example must get its precise
+finding; the controls' results.json must equal a solo run of each (name, score, status of every
+check); nothing a hostile example spawned may survive the session.
+
+On a GPU machine the class holds the `gpu_only` and `gpu` examples and the controls (the rest
+behave the same on any machine); HOSTILE_ALL=1 takes them all. HOSTILE_RUN_DIR=DIR keeps the
+gradings there, so that several pytest calls (under a per-command time limit) share them.
+"""
+import fnmatch
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from adapters import sandbox
+from adapters.cases import FlashCase
+from adapters.client import LOG_TAIL_BYTES, PROJECT_ROOT, Reply, SubmissionRunner
+from adapters.discover import load_submission
+
+HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
+REFERENCE = PROJECT_ROOT / "submissions" / "reference"
+RUBRIC = Path(__file__).parent / "fixtures" / "hostile_rubric.yaml"
+ON_GPU = torch.cuda.is_available()
+SELECT = ("(pytorch and (128x128-d64-full or 17x17)) or hygiene or no_library or no_score_matrix"
+          " or (triton and (128x128-d64-full or 17x17)) or (budget and pytorch and not reference)")
+MEMORY_LIMIT_GB = "3"  # for every runner of the session: the hog must hit it, not the machine
+ORPHAN_MARK = "hostile-orphan-"
+
+
+def examples() -> dict:
+    found = {}
+    for folder in sorted(HOSTILE.iterdir()):
+        if not (folder / "EXPECTED.yaml").is_file():
+            continue
+        spec = yaml.safe_load((folder / "EXPECTED.yaml").read_text())
+        if spec.get("gpu_only") and not ON_GPU:
+            continue
+        if ON_GPU and not (spec.get("gpu_only") or spec.get("gpu") or spec.get("control")) \
+                and os.environ.get("HOSTILE_ALL") != "1":
+            continue
+        found[folder.name] = spec
+    return found
+
+
+EXAMPLES = examples()
+CONTROLS = ["reference"] + [name for name, spec in EXAMPLES.items() if spec.get("control")]
+
+
+def rubric(folder: Path) -> Path:
+    """The grading rubric with the hostile rubric's timeouts; on a GPU with room for first-call
+    Triton compiling and autotuning (no example that hangs runs on a GPU by default, so the long
+    timeouts cost nothing there)."""
+    data = yaml.safe_load((PROJECT_ROOT / "tests" / "grading" / "rubric.yaml").read_text())
+    data["timeouts"] = yaml.safe_load(RUBRIC.read_text())["timeouts"]
+    if ON_GPU:
+        data["timeouts"].update(flash=180, timing=600)
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / "rubric.yaml"
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def grade(impls: list, reports: Path, workers: int, timeout: float):
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--reports", str(reports),
+           "--rubric", str(rubric(reports.parent / f"{reports.name}-rubric")), "-k", SELECT]
+    if workers:  # loadgroup named outright: the plugin's own switch to it does not reach the workers
+        cmd += ["-n", str(workers), "--dist", "loadgroup"]
+    for impl in impls:
+        cmd += ["--impl", str(impl)]
+    env = {**os.environ, "GRADER_MEMORY_LIMIT_GB": MEMORY_LIMIT_GB}
+    env = {k: v for k, v in env.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    started = time.monotonic()
+    proc = subprocess.run(cmd, cwd=PROJECT_ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return proc, time.monotonic() - started
+
+
+def orphans() -> list:
+    found = []
+    for pid in os.listdir("/proc"):
+        try:
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
+        except OSError:
+            continue
+        if ORPHAN_MARK in cmdline and "cmdline" not in cmdline:
+            found.append((int(pid), cmdline.replace("\0", " ")))
+    return found
+
+
+def kill_orphans():
+    for pid, _ in orphans():
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except OSError:
+            pass
+
+
+def run_class(base: Path) -> dict:
+    """The class session: the hostile examples, the reference and the control, `-n 2`."""
+    kill_orphans()
+    impls = [REFERENCE] + [HOSTILE / name for name in EXAMPLES]
+    proc, wall = grade(impls, base / "class", workers=2, timeout=1200)
+    survivors = orphans()
+    kill_orphans()
+    print(f"\nhostile class session: {len(impls)} submissions, {wall:.0f} s wall")
+    return {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-6000:], "wall": wall,
+            "reports": str(base / "class"), "survivors": survivors}
+
+
+def run_solo(base: Path, name: str) -> dict:
+    proc, wall = grade([REFERENCE if name == "reference" else HOSTILE / name], base / f"solo-{name}",
+                       workers=0, timeout=900)
+    return {"returncode": proc.returncode, "output": proc.stdout[-3000:], "reports": str(base / f"solo-{name}")}
+
+
+def once(tmp_path_factory, key: str, compute) -> dict:
+    """compute(base) once per session, even when `pytest -n 2` spreads this module's tests over
+    workers: the first worker runs it under a lock in the session's shared folder, the others
+    read what it wrote."""
+    import fcntl
+
+    base = tmp_path_factory.getbasetemp()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        base = base.parent  # shared by the session's workers
+    if os.environ.get("HOSTILE_RUN_DIR"):  # kept across sessions: grade once, check in several calls
+        base = Path(os.environ["HOSTILE_RUN_DIR"]).resolve()
+        base.mkdir(parents=True, exist_ok=True)
+    done = base / f"hostile-{key}.json"
+    with open(base / f"hostile-{key}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not done.exists():
+            done.write_text(json.dumps(compute(base / "hostile")))
+    run = json.loads(done.read_text())
+    run["reports"] = Path(run["reports"])
+    return run
+
+
+@pytest.fixture(scope="module")
+def class_run(tmp_path_factory):
+    return once(tmp_path_factory, "class", run_class)
+
+
+@pytest.fixture
+def solo_run(tmp_path_factory):
+    return lambda name: once(tmp_path_factory, f"solo-{name}", lambda base: run_solo(base, name))
+
+
+def results(reports: Path, name: str) -> dict:
+    path = reports / name / "results.json"
+    assert path.exists(), f"no results.json for {name}"
+    return json.loads(path.read_text())
+
+
+def check_key(test: dict) -> str:
+    return test["name"].split("::", 1)[1]  # part::check[case], without the submission
+
+
+def matches(key: str, pattern: str) -> bool:
+    """fnmatch with '[' literal: the patterns are check names like flash_pytorch::forward[*]."""
+    return fnmatch.fnmatchcase(key, pattern.replace("[", "[[]"))
+
+
+def isolated() -> bool:
+    return sandbox.isolation(tempfile.gettempdir())["mode"] == "namespace"
+
+
+# -- the class session ------------------------------------------------------------------------
+
+def test_session_completes(class_run):
+    out = class_run["output"]
+    assert class_run["returncode"] in (0, 1), out[-4000:]
+    assert "INTERNALERROR" not in out and "HOSTILE CONFTEST" not in out, out[-4000:]
+    assert "worker crash" not in out, out[-4000:]
+    for name in ["reference", *EXAMPLES]:
+        assert results(class_run["reports"], name)["tests"], name
+    print(f"class session wall time: {class_run['wall']:.0f} s")
+
+
+@pytest.mark.parametrize("name", [n for n, s in EXAMPLES.items() if not s.get("control")])
+def test_hostile_finding(class_run, name):
+    spec = EXAMPLES[name]
+    graded = results(class_run["reports"], name)
+    tests = {check_key(t): t for t in graded["tests"]}
+
+    def matching(pattern):
+        return [k for k in tests if matches(k, pattern)]
+
+    must_fail = list(spec.get("must_fail", [])) + (list(spec.get("must_fail_gpu", [])) if ON_GPU else [])
+    problems = []
+    for pattern in must_fail:
+        keys = matching(pattern)
+        if not keys and not pattern.startswith("timing::"):
+            problems.append(f"must_fail {pattern!r} matched no check")
+        for key in keys:
+            test = tests[key]
+            if test["status"] != "failed" and test["extra_data"].get("outcome") != "skipped":
+                problems.append(f"{key} should fail, got {test['status']}: {test['output'][:200]}")
+            elif test["status"] == "failed" and not (ON_GPU and key.startswith("memory::")):
+                # (on a GPU the memory checks warm up first, so their failure says 'setup')
+                problems.extend(f"{key}: finding {f!r} missing from: {test['output'][:300]}"
+                                for f in spec.get("finding", []) if f not in test["output"])
+    for pattern in spec.get("must_pass", []):
+        keys = matching(pattern)
+        if not keys:
+            problems.append(f"must_pass {pattern!r} matched no check")
+        problems.extend(f"{k} should pass: {tests[k]['output'][:300]}" for k in keys if tests[k]["status"] != "passed")
+    listed = must_fail + list(spec.get("may_fail", [])) + list(spec.get("must_pass", []))
+    for key, test in tests.items():  # anything else may only fail as not attempted (a slot it skips)
+        if any(matches(key, p) for p in listed) or test["status"] == "passed":
+            continue
+        if test["extra_data"].get("outcome") not in ("not_attempted", "import_error"):
+            problems.append(f"{key} failed unexpectedly: {test['output'][:300]}")
+
+    log = graded["extra_data"]["runner_log_tail"]
+    problems.extend(f"log lacks {s!r}" for s in spec.get("log_contains", []) if s not in log)
+    if isolated():
+        problems.extend(f"log lacks {s!r}: {log[-600:]}" for s in spec.get("log_contains_isolated", []) if s not in log)
+    if "log_max_bytes" in spec and len(log.encode()) > spec["log_max_bytes"]:
+        problems.append(f"log tail is {len(log.encode())} bytes, over {spec['log_max_bytes']}")
+    if spec.get("no_survivors"):
+        survivors = [c for _, c in class_run["survivors"] if spec["no_survivors"] in c]  # [pid, cmdline]
+        if survivors and not isolated() and all("setsid" in c for c in survivors):
+            pytest.xfail("without a uid of its own, a setsid'd child escapes the process-group kill")
+        problems.extend(f"survived the session: {c}" for c in survivors)
+    assert not problems, "\n".join(problems)
+
+
+@pytest.mark.parametrize("name", CONTROLS)
+def test_controls_unchanged(class_run, solo_run, name):
+    """A control's results are the same graded next to the hostile examples as graded alone."""
+    solo = solo_run(name)
+    assert solo["returncode"] in (0, 1), solo["output"]
+    strip = lambda r: sorted((t["name"], t["score"], t["max_score"], t["status"]) for t in r["tests"])
+    assert strip(results(class_run["reports"], name)) == strip(results(solo["reports"], name))
+
+
+# -- the guarantees, one by one ---------------------------------------------------------------
+
+NAIVE = '''
+import math
+import torch
+
+
+class Dense(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        s = q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        lse = torch.logsumexp(s, -1)
+        ctx.save_for_backward(q, k, v, lse)
+        return torch.softmax(s, -1) @ v
+
+    @staticmethod
+    def backward(ctx, do):
+        q, k, v, lse = ctx.saved_tensors
+        with torch.enable_grad():
+            q, k, v = (t.detach().requires_grad_() for t in (q, k, v))
+            o = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1]), -1) @ v
+            return (*torch.autograd.grad(o, (q, k, v), do), None)
+'''
+
+CASE = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
+REQUEST = {"op": "flash", "slot": "pytorch", "case": CASE.to_json(), "seed": 1, "device": "cpu"}
+
+
+def make_submission(folder: Path, forward: str, head: str = "") -> Path:
+    """A tiny submission whose PyTorch slot runs `forward` (indented body) before a dense answer."""
+    (folder / "tests").mkdir(parents=True)
+    (folder / "tests" / "adapters.py").write_text(textwrap.dedent('''
+        def get_flashattention_autograd_function_pytorch():
+            from student import Attention
+            return Attention
+    '''))
+    body = textwrap.indent(textwrap.dedent(forward).strip(), " " * 8)
+    (folder / "student.py").write_text(NAIVE + textwrap.dedent(head) + textwrap.dedent('''
+
+        class Attention(Dense):
+            @staticmethod
+            def forward(ctx, q, k, v, is_causal=False):
+        ''') + body + "\n        return Dense.forward(ctx, q, k, v, is_causal)\n")
+    return folder
+
+
+@pytest.fixture
+def runner_for(tmp_path):
+    runners = []
+
+    def make(forward: str, head: str = "", **kwargs) -> SubmissionRunner:
+        runner = SubmissionRunner(load_submission(make_submission(tmp_path / f"sub{len(runners)}", forward, head)),
+                                  import_timeout=60, **kwargs)
+        runners.append(runner)
+        return runner
+
+    yield make
+    for runner in runners:
+        runner.close()
+
+
+def marked(mark: str) -> list:
+    return [c for _, c in orphans() if mark in c]
+
+
+def test_timeout_kills_the_process_group(runner_for):
+    runner = runner_for(f'''
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", "{ORPHAN_MARK}timeout"])
+        while True:
+            pass
+    ''')
+    reply = runner.call(REQUEST, timeout=4, what="N=16")
+    assert reply.status == "timeout" and reply.message == "timed out after 4 s in forward (N=16)", reply
+    assert not marked(f"{ORPHAN_MARK}timeout")
+    # a case no smaller than one that timed out fails at once; a smaller one still runs
+    bigger = {**REQUEST, "case": FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=16).to_json()}
+    started = time.monotonic()
+    again = runner.call(bigger, timeout=4)
+    assert again.status == "timeout" and "not run: a smaller case already timed out after 4 s" in again.message
+    assert time.monotonic() - started < 1
+    smaller = {**REQUEST, "case": FlashCase(batch=(1,), n_queries=8, n_keys=8, head_dim=16).to_json()}
+    assert runner.call(smaller, timeout=4).message == "timed out after 4 s in forward"
+
+
+def test_no_child_survives_the_runner(runner_for):
+    runner = runner_for(f'''
+        import os, subprocess, sys
+        sleep = "import time; time.sleep(1000)"
+        subprocess.Popen([sys.executable, "-c", sleep, "{ORPHAN_MARK}unit-popen"])
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", sleep, "{ORPHAN_MARK}unit-setsid"])
+            os._exit(0)
+    ''')
+    assert runner.call(REQUEST, timeout=30).ok
+    deadline = time.monotonic() + 10
+    while len(marked(f"{ORPHAN_MARK}unit")) < 2 and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert len(marked(f"{ORPHAN_MARK}unit")) == 2  # alive between calls, as a runner is
+    runner.close()
+    time.sleep(0.2)
+    left = marked(f"{ORPHAN_MARK}unit")
+    kill_orphans()
+    if runner.uid is None:
+        assert left == [c for c in left if "setsid" in c]
+        pytest.skip("without a uid of its own, a setsid'd child escapes the process-group kill")
+    assert not left
+
+
+def test_output_is_bounded(runner_for):
+    runner = runner_for('''
+        import sys
+        chunk = "y" * 1023 + "\\n"
+        for _ in range(50):
+            sys.stdout.write(chunk * 1024)
+        sys.stderr.write("LAST LINE\\n")
+    ''')
+    assert runner.call(REQUEST, timeout=60).ok
+    tail = runner.log_tail()
+    assert runner.output.total > 50 << 20
+    assert len(tail.encode()) <= LOG_TAIL_BYTES + 100 and tail.rstrip().endswith("LAST LINE")
+    assert "earlier bytes of output not kept" in tail
+    on_disk = sum(p.stat().st_size for p in runner.scratch.rglob("*") if p.is_file() and "trusted" not in p.parts)
+    assert on_disk < 1 << 20  # the output never touched the disk
+
+
+def test_fresh_runner_after_a_crash(runner_for):
+    runner = runner_for('''
+        import ctypes, os
+        if not os.path.exists("crashed-once"):
+            open("crashed-once", "w").close()
+            ctypes.string_at(0)
+    ''')
+    first = runner.call(REQUEST, timeout=30, what="N=16")
+    assert first.status == "crash" and first.message == "process died with SIGSEGV during forward (N=16)"
+    assert "Fatal Python error: Segmentation fault" in runner.log_tail()  # faulthandler's stack
+    second = runner.call(REQUEST, timeout=30)
+    assert second.ok, second
+
+
+def test_fresh_runner_after_a_cuda_error(runner_for):
+    """A CUDA error poisons the context: the runner says so and the next call gets a new one
+    (simulated here by the error's message, which is what the runner looks at)."""
+    runner = runner_for('''
+        import os
+        if not os.path.exists("failed-once"):
+            open("failed-once", "w").close()
+            raise RuntimeError("CUDA error: an illegal memory access was encountered")
+    ''')
+    first = runner.call(REQUEST, timeout=30)
+    pid = runner.process.pid if runner.process else None
+    assert first.status == "error" and "illegal memory access" in first.message
+    assert runner.process is None, "the poisoned runner should have been stopped"
+    second = runner.call(REQUEST, timeout=30)
+    assert second.ok and runner.process.pid != pid
+
+
+def test_out_of_memory_in_the_runner(runner_for):
+    runner = runner_for('''
+        import torch
+        hoard = [torch.ones(1 << 28) for _ in range(8)]
+    ''', memory_limit=int(1.5 * (1 << 30)))
+    reply = runner.call(REQUEST, timeout=60, what="N=16")
+    assert reply.status == "crash" and reply.message.startswith("ran out of memory during forward (N=16): "), reply
+    # the allocation fails (RLIMIT_DATA), or the watchdog sees the runner's memory first
+    assert "the runner's limit is 1.5 GiB" in reply.message or "over the runner's limit of 1.5 GiB" in reply.message
+    assert runner.call(REQUEST, timeout=30).status == "crash"  # a fresh runner, out of memory again
+
+
+def test_memory_watchdog_counts_every_process(runner_for):
+    """Per-process limits let each child allocate; the watchdog adds them all up."""
+    runner = runner_for('''
+        import os, time, torch
+        kids = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                x = torch.ones(200 << 20)  # 800 MiB, touched
+                time.sleep(60)
+                os._exit(0)
+            kids.append(pid)
+        for pid in kids:
+            os.waitpid(pid, 0)
+    ''', memory_limit=int(1.5 * (1 << 30)))
+    reply = runner.call(REQUEST, timeout=60)
+    assert reply.status == "crash" and reply.message.startswith("ran out of memory during forward: its processes held"), reply
+
+
+def test_invalid_messages(runner_for):
+    runner = runner_for('''
+        import os, sys
+        os.write(int(sys.argv[2]), b"this is not json\\n")
+    ''')
+    reply = runner.call(REQUEST, timeout=30)
+    assert reply.status == "crash" and "sent an invalid message on the grader's channel during forward" in reply.message
+
+
+def test_closed_channel_does_not_hang(runner_for):
+    runner = runner_for('''
+        import os, sys
+        os.close(int(sys.argv[1])); os.close(int(sys.argv[2]))
+        while True:
+            pass
+    ''')
+    started = time.monotonic()
+    reply = runner.call(REQUEST, timeout=60)
+    assert reply.status == "crash" and "closed the grader's result channel and kept running" in reply.message
+    assert time.monotonic() - started < 20
+
+
+def test_runner_cannot_touch_the_project(runner_for, tmp_path):
+    """The runner reads none of the project, writes into no reports folder and no other submission."""
+    if sandbox.isolation(tempfile.gettempdir())["mode"] == "none":
+        pytest.skip("no uid of its own here (not root): " + sandbox.isolation(tempfile.gettempdir())["note"])
+    public = Path(tempfile.mkdtemp(prefix="hostile-unit-"))  # world-traversable, like a shared disk
+    try:
+        os.chmod(public, 0o755)
+        (public / "reports" / "alice").mkdir(parents=True)
+        (public / "reports" / "alice" / "results.json").write_text("{}")
+        (public / "class" / "bob").mkdir(parents=True)
+        (public / "class" / "bob" / "secret.py").write_text("answer = 42\n")
+        for p in [public / "reports", public / "reports" / "alice", public / "class", public / "class" / "bob"]:
+            os.chmod(p, 0o755)
+        student = public / "class" / "mallory"
+        make_submission(student, f'''
+            import json, os
+            out = {{}}
+            def attempt(name, fn):
+                try:
+                    fn()
+                    out[name] = "allowed"
+                except Exception as exc:
+                    out[name] = type(exc).__name__
+            attempt("read project", lambda: open({str(PROJECT_ROOT / "README.md")!r}).read())
+            attempt("read rubric", lambda: open({str(PROJECT_ROOT / "tests/grading/rubric.yaml")!r}).read())
+            attempt("read other submission", lambda: open({str(public / "class/bob/secret.py")!r}).read())
+            attempt("write results.json", lambda: open({str(public / "reports/alice/results.json")!r}, "r+"))
+            attempt("create in reports", lambda: open({str(public / "reports/PWNED")!r}, "x"))
+            attempt("create in other submission", lambda: open({str(public / "class/bob/PWNED")!r}, "x"))
+            attempt("create in project reports", lambda: open({str(PROJECT_ROOT / "reports/PWNED")!r}, "x"))
+            attempt("import reference solution", lambda: __import__("reference.flash_pytorch"))
+            attempt("import oracle", lambda: __import__("reference.oracle"))
+            attempt("network", lambda: __import__("socket").create_connection(("1.1.1.1", 53), timeout=2))
+            raise RuntimeError("REPORT " + json.dumps(out))
+        ''')
+        runner = SubmissionRunner(load_submission(student), import_timeout=60)
+        try:
+            reply = runner.call(REQUEST, timeout=60)
+        finally:
+            runner.close()
+        assert reply.status == "error" and "REPORT " in reply.message, reply
+        out = json.loads(reply.message.split("REPORT ", 1)[1])
+        must_deny = ["write results.json", "create in reports", "create in other submission",
+                     "create in project reports", "import reference solution", "import oracle"]
+        if sandbox.isolation(tempfile.gettempdir())["mode"] == "namespace":
+            must_deny += ["read project", "read rubric", "read other submission", "network"]
+        allowed = [name for name in must_deny if out[name] == "allowed"]
+        assert not allowed, out
+        assert not (public / "reports" / "PWNED").exists() and not (PROJECT_ROOT / "reports" / "PWNED").exists()
+    finally:
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def test_tensors_are_validated(tmp_path):
+    """What comes back is read only from this call's file in the exchange folder, never through a
+    link or from a FIFO, and must be a dict of plain dense tensors."""
+    runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
+    try:
+        def reply_with(make_file, path=None):
+            tag = f"call1-{os.urandom(4).hex()}"
+            target = runner.exchange / f"{tag}.pt"
+            make_file(target)
+            message = {"event": "done", "status": "ok", "tag": tag, "result": {"tensors": path or str(target)}}
+            return runner._reply(message, tag, "")
+
+        good = reply_with(lambda p: torch.save({"o": torch.ones(2, 3)}, p))
+        assert good.ok and torch.equal(good.tensors["o"], torch.ones(2, 3))
+        bad = {
+            "link": lambda p: os.symlink("/etc/hostname", p),
+            "fifo": lambda p: os.mkfifo(p),
+            "not a dict": lambda p: torch.save([torch.ones(1)], p),
+            "not a tensor": lambda p: torch.save({"o": 3}, p),
+            "sparse": lambda p: torch.save({"o": torch.eye(3).to_sparse()}, p),
+            "garbage": lambda p: p.write_bytes(b"\x80not a pickle"),
+        }
+        for what, make in bad.items():
+            reply = reply_with(make)
+            assert reply.status == "crash" and "sent back invalid tensors" in reply.message, (what, reply)
+        elsewhere = reply_with(lambda p: torch.save({"o": torch.ones(1)}, p), path="/etc/passwd")
+        assert elsewhere.status == "crash" and "outside the exchange folder" in elsewhere.message
+        forged = runner._reply({"event": "done", "status": "ok", "tag": "call1", "result": {}}, "call1-abcd", "")
+        assert forged.status == "crash" and "sent an invalid reply" in forged.message
+    finally:
+        runner.close()
+
+
+def test_copy_keeps_links_inside_and_drops_the_rest(tmp_path):
+    sub = make_submission(tmp_path / "sub", "pass")
+    (tmp_path / "outside.txt").write_text("secret")
+    os.symlink(tmp_path / "outside.txt", sub / "leak.txt")
+    os.symlink("/etc/hostname", sub / "hostname")
+    os.symlink("student.py", sub / "alias.py")
+    os.symlink(".", sub / "loop")
+    os.mkfifo(sub / "fifo")
+    runner = SubmissionRunner(load_submission(sub))
+    try:
+        copy = runner._copy_submission()
+        names = {p.name for p in copy.iterdir()}
+        assert "alias.py" in names and (copy / "alias.py").read_text() == (sub / "student.py").read_text()
+        assert not names & {"leak.txt", "hostname", "loop", "fifo"}
+        assert not any(p.is_symlink() for p in copy.rglob("*"))
+        if runner.uid is not None:
+            assert all(p.lstat().st_uid == runner.uid for p in [copy, *copy.rglob("*")])
+    finally:
+        runner.close()
+
+
+def test_trusted_copy_is_enough_and_holds_no_solutions(tmp_path):
+    runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
+    try:
+        files = {str(p.relative_to(runner.trusted)) for p in runner.trusted.rglob("*.py")}
+        assert {"adapters/runner.py", "reference/distributed_testing.py"} <= files
+        assert not files & {"reference/flash_pytorch.py", "reference/flash_triton.py", "reference/oracle.py",
+                            "reference/tolerance.py", "reference/ddp.py", "reference/sharded_optimizer.py"}
+        code = ("import sys, adapters.runner, adapters.distributed_ops; "
+                "print(sorted(m for m in sys.modules if m.split('.')[0] in ('adapters', 'reference')))")
+        proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(runner.trusted)!r}); {code}"],
+                              cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    finally:
+        runner.close()
+
+
+def test_scratch_is_private(tmp_path):
+    runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
+    try:
+        runner._copy_submission()
+        assert stat.S_IMODE(runner.scratch.stat().st_mode) == 0o711
+        for folder in (runner.exchange, runner.home, runner.scratch / "submission"):
+            assert stat.S_IMODE(folder.stat().st_mode) == 0o700
+            if runner.uid is not None:
+                assert folder.stat().st_uid == runner.uid
+        assert runner.scratch.stat().st_uid == os.geteuid() and runner.trusted.stat().st_uid == os.geteuid()
+    finally:
+        runner.close()
