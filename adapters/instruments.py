@@ -18,6 +18,11 @@ FORBIDDEN_ATEN = ("scaled_dot_product", "flash_attention", "efficient_attention"
 
 triton_launches = Counter()
 
+# Bound now, before any submission is imported, so patching torch.cuda cannot fake a peak.
+if torch.cuda.is_available():
+    _synchronize, _reset_peak = torch.cuda.synchronize, torch.cuda.reset_peak_memory_stats
+    _allocated, _max_allocated = torch.cuda.memory_allocated, torch.cuda.max_memory_allocated
+
 
 def install_triton_launch_counter() -> bool:
     """Patch Triton's kernel classes so each launch is counted. False if Triton is absent."""
@@ -83,9 +88,9 @@ class Watch:
     def __enter__(self):
         self._launches_before = Counter(triton_launches)
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            torch.cuda.reset_peak_memory_stats()
-            self._allocated_before = torch.cuda.memory_allocated()
+            _synchronize()
+            _reset_peak()
+            self._allocated_before = _allocated()
         self._function.__enter__()
         self._dispatch.__enter__()
         return self
@@ -94,8 +99,8 @@ class Watch:
         self._dispatch.__exit__(*exc)
         self._function.__exit__(*exc)
         if torch.cuda.is_available():
-            torch.cuda.synchronize()
-            self.peak_bytes = torch.cuda.max_memory_allocated() - self._allocated_before
+            _synchronize()
+            self.peak_bytes = _max_allocated() - self._allocated_before
         if "flash_attn" in sys.modules:
             self.forbidden["flash_attn (imported)"] += 1
         return False

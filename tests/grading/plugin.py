@@ -127,8 +127,12 @@ class GradingPlugin:
     # -- setup -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config):
+        # A submission's checks share one worker (and one runner): the controller schedules by
+        # group, and workers tag each test id with its group, which they do only under loadgroup.
         if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
+        if self.is_worker:
+            config.option.loadgroup = True
 
     def pytest_sessionstart(self, session):
         if self.is_worker:
@@ -150,6 +154,7 @@ class GradingPlugin:
             subs = self.state.submissions
             metafunc.parametrize("submission", subs, ids=[s.name for s in subs], scope="session")
 
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group
     def pytest_collection_modifyitems(self, items):
         for item in items:
             callspec = getattr(item, "callspec", None)
@@ -206,8 +211,8 @@ class GradingPlugin:
 
     def _set_pending(self, ids):
         for s in self.state.submissions:
-            self.pending[s.name] = sum(1 for i in ids if f"[{s.name}" in i or f"-{s.name}]" in i
-                                       or f"-{s.name}-" in i)
+            self.pending[s.name] = sum(1 for i in ids if i.endswith(f"@{s.name}") or f"[{s.name}" in i
+                                       or f"-{s.name}]" in i or f"-{s.name}-" in i)
 
     def _count_done(self, name):
         if name not in self.pending:
