@@ -1,7 +1,7 @@
 """Attention test cases and their inputs, drawn the same way in the harness and the runner.
 
-A case is plain data (it travels to the runner as JSON). Inputs come from a CPU generator seeded
-by the run's seed and the case, so the runner and the harness, in different processes, draw
+A case is plain data (it travels to the runner as JSON). Inputs come from a generator seeded by
+the run's seed and the case, so the runner and the harness, in different processes, draw
 identical tensors without ever sending them across.
 """
 import zlib
@@ -52,15 +52,17 @@ class FlashCase:
 def _draw(shape, generator, case: FlashCase, device, scale=1.0) -> torch.Tensor:
     *batch, n, d = shape
     if case.noncontiguous:  # drawn as (N, *batch, d), then viewed as (*batch, N, d)
-        t = torch.randn((n, *batch, d), generator=generator).movedim(0, -2)
+        t = torch.randn((n, *batch, d), generator=generator, device=device).movedim(0, -2)
     else:
-        t = torch.randn(shape, generator=generator)
-    return (t * scale).to(device=device, dtype=case.torch_dtype)
+        t = torch.randn(shape, generator=generator, device=device)
+    return (t * scale).to(dtype=case.torch_dtype)
 
 
 def make_inputs(case: FlashCase, seed: int, device="cpu"):
-    """q, k, v and the upstream gradient dO for `case` under `seed`."""
-    generator = torch.Generator().manual_seed(seed ^ zlib.crc32(case.id.encode()))
+    """q, k, v and the upstream gradient dO for `case` under `seed`, drawn on `device` by that
+    device's generator (large timing inputs would take seconds to draw on a CPU). Both sides
+    of a comparison must therefore name the same device."""
+    generator = torch.Generator(device=device).manual_seed(seed ^ zlib.crc32(case.id.encode()))
     q_shape = (*case.batch, case.n_queries, case.head_dim)
     kv_shape = (*case.batch, case.n_keys, case.head_dim)
     q = _draw(q_shape, generator, case, device, case.score_scale)

@@ -41,7 +41,7 @@ def test_budget(grading, submission, check, slot):
     student_ms, reply = median_ms(grading.runner(submission), request, timeout, budget)
     c.settle_reply(reply)
     tensors = grading.runner(submission).load_tensors(reply)
-    q, k, v, do = (t.cuda() for t in make_inputs(case, last_seed(request["seed"], budget)))
+    q, k, v, do = make_inputs(case, last_seed(request["seed"], budget), "cuda")
     wrong = [v.reason for v in judge_attention(tensors, q, k, v, do, case.is_causal).values() if not v.ok]
     if wrong:
         c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
