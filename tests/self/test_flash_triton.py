@@ -31,57 +31,10 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
-# --------------------------------------------------------------------------------------
 # bf16 support of the interpreter: probe, and patch the simulator's dot if needed.
-# --------------------------------------------------------------------------------------
-@triton.jit
-def _dot_probe(A, B, C):
-    o = tl.arange(0, 16)
-    a = tl.load(A + o[:, None] * 16 + o[None, :])
-    b = tl.load(B + o[:, None] * 16 + o[None, :])
-    tl.store(C + o[:, None] * 16 + o[None, :], tl.dot(a, b))
+from adapters.triton_interpreter import ensure_bf16_dot  # noqa: E402
 
-
-def _bf16_dot_ok() -> bool:
-    g = torch.Generator().manual_seed(0)
-    a, b = (torch.randn(16, 16, generator=g).to(torch.bfloat16).to(DEVICE) for _ in range(2))
-    c = torch.empty(16, 16, device=DEVICE)
-    _dot_probe[(1,)](a, b, c)
-    return torch.allclose(c.cpu(), (a.float() @ b.float()).cpu(), atol=1e-3, rtol=1e-3)
-
-
-def _patch_interpreter_bf16_dot():
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_dot
-
-    def create_dot(self, a, b, d, *args, **kwargs):
-        if a.dtype.scalar == tl.bfloat16:
-            a = self.cast_impl(a, tl.float32)
-        if b.dtype.scalar == tl.bfloat16:
-            b = self.cast_impl(b, tl.float32)
-        return original(self, a, b, d, *args, **kwargs)
-
-    builder.create_dot = create_dot
-
-
-def _bf16_support() -> str:
-    """'' if bf16 works (natively or after patching the interpreter), else why not."""
-    if _bf16_dot_ok():
-        return ""
-    if not INTERPRET:
-        return "bf16 tl.dot is wrong on this device"
-    try:
-        _patch_interpreter_bf16_dot()
-        if _bf16_dot_ok():
-            return ""
-    except Exception as exc:  # internals differ in this Triton version
-        return f"could not patch the interpreter's bf16 dot ({exc!r})"
-    return "the interpreter's bf16 dot is wrong even after patching"
-
-
-BF16_SKIP_REASON = _bf16_support()
+BF16_SKIP_REASON = ensure_bf16_dot(interpreted=INTERPRET)
 
 
 # --------------------------------------------------------------------------------------
