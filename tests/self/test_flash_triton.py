@@ -20,8 +20,6 @@ if not torch.cuda.is_available():
     os.environ.setdefault("TRITON_INTERPRET", "1")
 
 import pytest  # noqa: E402
-import triton  # noqa: E402
-import triton.language as tl  # noqa: E402
 
 from reference.flash_triton import FlashAttentionTriton  # noqa: E402
 from reference.oracle import attention_and_grads  # noqa: E402
