@@ -21,7 +21,14 @@ def pytest_configure(config):
         config.pluginmanager.register(GradingPlugin(config), "grading")
 
 
+ROOT = Path(__file__).resolve().parent
+
+
 def pytest_ignore_collect(collection_path: Path, config):
+    # Submissions are graded through the runner, never collected: a student's conftest.py
+    # would otherwise run inside the grader.
+    if collection_path.resolve().is_relative_to(ROOT / "submissions"):
+        return True
     grading = bool(config.getoption("--impl"))
     parts = collection_path.parts
     if "self" in parts and grading:

@@ -64,7 +64,7 @@ def _fake_metadata(root: Path) -> str:
     site = tempfile.mkdtemp(prefix="runner-metadata-")
     for name in filter(None, names):
         dist = Path(site) / f"{name.replace('-', '_')}-0.0.0.dist-info"
-        dist.mkdir()
+        dist.mkdir(exist_ok=True)  # pyproject's "cs336-systems" and the folder cs336_systems meet here
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
     return site
 
