@@ -17,7 +17,6 @@ leaks into the next check. Output goes through a pipe into a bounded in-memory t
 submission that prints gigabytes costs neither disk nor memory.
 """
 import os
-import re
 import secrets
 import shutil
 import signal

@@ -31,7 +31,6 @@ import os
 import resource
 import shutil
 import signal
-import stat
 import sys
 import tempfile
 import time

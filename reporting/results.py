@@ -6,7 +6,7 @@ because a page that fails to build hides the very submission someone needs to lo
 """
 import json
 import re
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 PART_ORDER = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]

@@ -5,7 +5,6 @@ each check the moment it finishes, and at the end of the session assembles every
 results.json and builds the HTML reports. Under xdist a submission's checks stay on one worker
 (`--dist loadgroup`), so its runner starts once, while a class spreads over all workers.
 """
-import json
 import os
 import platform
 import sys
