@@ -24,6 +24,7 @@ class FlashCase:
     is_causal: bool = False
     noncontiguous: bool = False  # q, k, v and dO arrive as strided views, not contiguous
     score_scale: float = 1.0  # q and k are multiplied by this: large-magnitude scores
+    score_shift: float = 0.0  # every score moves by about this much (e.g. -200: all far below 0)
 
     @property
     def id(self) -> str:
@@ -35,6 +36,8 @@ class FlashCase:
             parts.append("strided")
         if self.score_scale != 1.0:
             parts.append(f"x{self.score_scale:g}")
+        if self.score_shift:
+            parts.append(f"shift{self.score_shift:g}")
         return "-".join(parts)
 
     @property
@@ -67,6 +70,12 @@ def make_inputs(case: FlashCase, seed: int, device="cpu"):
     kv_shape = (*case.batch, case.n_keys, case.head_dim)
     q = _draw(q_shape, generator, case, device, case.score_scale)
     k = _draw(kv_shape, generator, case, device, case.score_scale)
+    if case.score_shift:
+        # q + a*u and k - a*u for the unit vector u = (1, ..., 1)/sqrt(d): every score
+        # (q.k)/sqrt(d) gains -a^2/sqrt(d) = score_shift, plus noise of about a*sqrt(2/d).
+        a = (abs(case.score_shift) * case.head_dim ** 0.5) ** 0.5
+        step = a / case.head_dim ** 0.5 * (1 if case.score_shift < 0 else -1)
+        q, k = (q.float() + step).to(q.dtype), (k.float() - step).to(k.dtype)
     v = _draw(kv_shape, generator, case, device)
     do = _draw(q_shape, generator, case, device)
     return q, k, v, do

@@ -68,14 +68,34 @@ def find_submissions(patterns: list[str]) -> list[Submission]:
     return list(found.values())
 
 
-def defined_functions(submission: Submission) -> set[str]:
-    """Names of the top-level functions in the adapters file, read with ast, never imported."""
+def _function_defs(submission: Submission) -> dict:
+    """The top-level function definitions of the adapters file, read with ast, never imported."""
     import ast
 
     if submission.adapters_file is None:
-        return set()
+        return {}
     try:
         tree = ast.parse((submission.root / submission.adapters_file).read_text())
     except (SyntaxError, UnicodeDecodeError, OSError):
-        return set()
-    return {node.name for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        return {}
+    return {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+
+
+def defined_functions(submission: Submission) -> set[str]:
+    """Names of the top-level functions in the adapters file."""
+    return set(_function_defs(submission))
+
+
+def stub_functions(submission: Submission) -> set[str]:
+    """Adapter functions whose whole body (after a docstring) is `raise NotImplementedError`: the
+    course template's stubs. Knowing them spares spawning ranks only to hear 'not attempted'."""
+    import ast
+
+    def is_stub(node) -> bool:
+        body = [b for b in node.body if not (isinstance(b, ast.Expr) and isinstance(b.value, ast.Constant))]
+        if len(body) != 1 or not isinstance(body[0], ast.Raise) or body[0].exc is None:
+            return False
+        exc = body[0].exc.func if isinstance(body[0].exc, ast.Call) else body[0].exc
+        return isinstance(exc, ast.Name) and exc.id == "NotImplementedError"
+
+    return {name for name, node in _function_defs(submission).items() if is_stub(node)}

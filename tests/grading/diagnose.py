@@ -5,15 +5,17 @@ Each rule compares the student's tensor with the oracle, or with the oracle of a
 is clear. Otherwise the sentence says where the error concentrates.
 """
 import math
-import torch
 
-from reference.oracle import attention_and_grads
+import torch
 
 TILE = 16  # rows per heatmap cell: fine enough to show a missing tail tile of any common size
 
 
 def _close(a, b, tol=1e-2) -> bool:
-    return a.shape == b.shape and bool(torch.isfinite(a).all()) and (a - b).abs().max().item() <= tol * (1 + b.abs().max().item())
+    """Equal to 1% of b's largest magnitude: loose enough for bf16, tight enough to tell mistakes apart."""
+    if a.shape != b.shape or a.numel() == 0 or not torch.isfinite(a).all():
+        return False
+    return (a - b).abs().max().item() <= tol * (1 + b.abs().max().item())
 
 
 def _rows_view(t: torch.Tensor) -> torch.Tensor:
@@ -45,53 +47,122 @@ def _tail_rows(err_rows: torch.Tensor, bound: float):
         return None
     first = int(wrong[0])
     tail = len(err_rows) - first
-    return first if first >= TILE and tail <= 128 and bool((err_rows[first:] > bound).float().mean() > 0.5) else None
+    # A partial tile is shorter than a tile, and a tile divides `first`: so tail < first.
+    partial = first >= TILE and tail <= 128 and tail < first
+    return first if partial and bool((err_rows[first:] > bound).float().mean() > 0.5) else None
 
 
-def explain(verdict, tensors: dict, inputs: tuple, oracle: dict, case) -> tuple[str, dict]:
-    """One sentence about the first wrong tensor, and its error heatmap."""
-    inputs = tuple(t.cpu() for t in inputs)
-    oracle = {key: value.cpu() for key, value in oracle.items()}
-    name = verdict.reason.split(" ", 1)[0]
+def _good_then_bad(err_rows: torch.Tensor, bound: float):
+    """The first wrong row when it is a power of two >= 16 and the rows before it are right
+    (one good tile, then wrong), else None."""
+    wrong = (err_rows > bound).nonzero().flatten()
+    first = int(wrong[0]) if len(wrong) else 0
+    return first if first >= TILE and first & (first - 1) == 0 else None
+
+
+def _proportional(got, want):
+    """c when got = c * want (to 1%) for some c other than 1, else None."""
+    norm = (want * want).sum().item()
+    if norm == 0 or not torch.isfinite(got).all():
+        return None
+    c = (got * want).sum().item() / norm
+    return c if abs(c - 1) > 0.05 and _close(got, c * want) else None
+
+
+def explain(verdicts: dict, tensors: dict, oracle: dict, case, mistaken) -> tuple[str, dict]:
+    """One sentence about the first wrong tensor, and its error heatmap. `verdicts` maps every
+    judged tensor to its verdict; `mistaken(name)` gives mistakes.oracle_of(name, ...) for this
+    case's inputs (the caller caches it across submissions)."""
+    name = next(n for n, v in verdicts.items() if not v.ok)
+    verdict = verdicts[name]
     got = tensors[name].double()
-    want = oracle[name]
-    err = (got - want).abs() if got.shape == want.shape else None
-    picture = heatmap(name, err) if err is not None else None
-    if err is None:
+    want = oracle[name].cpu()
+    if got.shape != want.shape:
         return verdict.reason, None
-    if not torch.isfinite(got).all():
-        return f"{name} contains NaN or Inf: look for exp of an unmasked -inf row or a division by a zero row sum.", picture
+    err = (got - want).abs()
+    picture = heatmap(name, err)
+    return _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken), picture
+
+
+def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken) -> str:
+    want = oracle[name].cpu()
+    d = case.head_dim
+    finite = torch.isfinite(got)
+    if not finite.all() and case.score_shift < -100:
+        return (f"{name} contains NaN or Inf where every score is near {case.score_shift:g}: exp(s - m) underflows "
+                f"to 0 and the row sum l is 0. Start the running max m at -inf, not 0.")
+    if not finite.all():
+        bad_rows = (~_rows_view(finite)).any(dim=(0, 2)).nonzero().flatten().tolist()
+        if case.is_causal and bad_rows == [0] and name not in ("dk", "dv"):
+            return (f"{name} is NaN or Inf in query row 0 only: the first query sees no key, so the causal mask "
+                    f"hides the diagonal (j >= i instead of j > i).")
+        return f"{name} contains NaN or Inf: look for exp of an unmasked -inf row or a division by a zero row sum."
 
     if name == "L":
         ratio = (got / want).median().item()
         if abs(ratio - 1 / math.log(2)) < 0.02:
-            return "L differs from the oracle by a factor of 1/ln 2: the LSE is stored in base 2.", picture
+            return "L differs from the oracle by a factor of 1/ln 2: the LSE is stored in base 2."
         offset = got - want
         if offset.shape[-1] > 1 and offset.std().item() < 1e-3 * (1 + offset.abs().mean().item()) and offset.abs().mean() > 1e-3:
-            return f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from L = m + log(l).", picture
+            return f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from L = m + log(l)."
 
-    q, k, v, do = inputs
-    if case.is_causal and _close(got, attention_and_grads(q, k, v, do, False)[name]):
-        return f"{name} equals non-causal attention: is_causal is ignored.", picture
-    if name in ("o", "L"):
-        unscaled = attention_and_grads(q * math.sqrt(case.head_dim), k, v, do, case.is_causal)
-        if _close(got, unscaled[name]):
-            return f"{name} matches attention without the 1/sqrt(d) scale: the scores are not scaled.", picture
+    def matches(mistake, from_row=0):
+        other = mistaken(mistake)[name]
+        return _close(got[..., from_row:, :] if got.dim() > 1 and name != "L" else got[..., from_row:],
+                      other[..., from_row:, :] if got.dim() > 1 and name != "L" else other[..., from_row:])
+
+    if case.is_causal:
+        if matches("non-causal"):
+            return f"{name} equals non-causal attention: is_causal is ignored."
+        if name in ("dq", "dk", "dv") and any(matches(f"backward-unmasked{t}") for t in ("", "-16", "-32", "-64", "-128")):
+            return (f"{name} matches a backward that recomputes P = exp(S - L) without the causal mask: the forward "
+                    f"is causal, the backward ignores is_causal.")
+        if matches("diagonal-masked", from_row=1 if name in ("o", "L", "dq") else 0):
+            return (f"{name} matches causal attention that also hides each query's own key: the mask uses j >= i "
+                    f"where it should use j > i.")
+    if name in ("o", "L") and matches("unscaled"):
+        return f"{name} matches attention without the 1/sqrt(d) scale: the scores are not scaled."
+    if d != 64 and matches("scale-1/8"):
+        return (f"{name} matches attention scaled by 1/8 = 1/sqrt(64) although d = {d}: the head dimension is "
+                f"hard-coded; use 1/sqrt(q.shape[-1]).")
+    if len(case.batch) > 1 and matches("heads-flattened"):
+        return (f"{name} matches attention over all heads at once: a (batch, heads, N, d) input was reshaped to "
+                f"(batch, heads*N, d), so heads attend to each other. Flatten the leading dims instead: "
+                f"reshape(-1, N, d).")
     if name in ("dq", "dk") and "dq" in tensors and "dk" in tensors and tensors["dq"].shape == tensors["dk"].shape:
-        other = "dk" if name == "dq" else "dq"
-        if _close(got, oracle[other]):
-            return "dQ and dK are swapped.", picture
+        if _close(got, oracle["dk" if name == "dq" else "dq"].cpu()):
+            return "dQ and dK are swapped."
+    if (c := _proportional(got, want)) is not None:
+        if abs(c / math.sqrt(d) - 1) < 0.02:
+            return f"{name} is sqrt(d) = {math.sqrt(d):g} times the oracle: its 1/sqrt(d) scale is missing."
+        if abs(c * math.sqrt(d) - 1) < 0.02:
+            return f"{name} is 1/sqrt(d) = 1/{math.sqrt(d):g} of the oracle: the 1/sqrt(d) scale is applied twice."
+        return f"{name} is {c:.4g} times the oracle everywhere: a constant factor is wrong."
+    if name in ("dq", "dk") and all(n in verdicts for n in ("dq", "dk", "dv")) \
+            and not verdicts["dq"].ok and not verdicts["dk"].ok and verdicts["dv"].ok:
+        return ("dq and dk are wrong while dv is right, so the error is in dS = P * (dP - D): D must be "
+                "rowsum(dO * O) over the whole row (or rowsum(P * dP) over all keys), not over one key tile. "
+                "D uses the forward's o: if o is wrong too, fix the forward first.")
+    if name == "o" and "L" in verdicts and verdicts["L"].ok:
+        return ("o is wrong while L is right: the row sums are right but the output accumulator is not. When the "
+                "running max grows, rescale the accumulator by exp(m_old - m_new) as well as l.")
 
     rows = _rows_view(err).amax(dim=(0, 2))
+    tile = _good_then_bad(rows, verdict.max_bound) if case.is_causal and name in ("o", "L", "dq") else None
+    if tile is not None and (matches(f"tile-local-{tile}-skip") or matches(f"tile-local-{tile}")):
+        return (f"{name} matches a causal mask built from indices within each {tile} x {tile} tile: every tile "
+                f"is masked as if it were on the diagonal. Compare global positions (tile start + index).")
     first = _tail_rows(rows, verdict.max_bound)
     if first is not None:
         axis = "key" if name in ("dk", "dv") else "query"
         return (f"{name} is wrong only for {axis} rows >= {first} of every batch: the last partial "
-                f"{axis} tile is dropped or not masked.", picture)
+                f"{axis} tile is dropped or not masked.")
+    if tile is not None:
+        return (f"{name} is right in the first {tile} query rows and wrong after them, in causal mode: check the "
+                f"causal mask of tiles below the diagonal (global positions, not indices within the tile).")
     share = (rows > verdict.max_bound).float().mean().item()
     if share == 0:  # failed on the mean error: small errors spread everywhere
         return (f"{name} is slightly wrong almost everywhere: its mean error {verdict.mean_err:.3g} exceeds "
-                f"{verdict.mean_bound:.3g}, though no element exceeds the max bound.", picture)
+                f"{verdict.mean_bound:.3g}, though no element exceeds the max bound.")
     return (f"{name} is wrong in {share:.0%} of its rows (worst at index {list(verdict.worst_index)}: "
-            f"oracle {verdict.oracle_at_worst:.4g}, got {verdict.actual_at_worst:.4g}).", picture)
-
+            f"oracle {verdict.oracle_at_worst:.4g}, got {verdict.actual_at_worst:.4g}).")

@@ -40,6 +40,10 @@ def flash_cases(slot: str, on_gpu: bool) -> list[tuple[str, FlashCase]]:
         # FlashAttention backward (recomputing P from a float32 L) misses the 3x rule here.
         ("robustness", FlashCase(batch=(2,), n_queries=n // 2, n_keys=n // 2, head_dim=64, dtype="bfloat16",
                                  score_scale=8.0)),
+        # Every score near -200: exp(s - m) underflows to 0 unless the running max starts at -inf.
+        # bf16 for the same reason as above (|L| ~ 200).
+        ("robustness", FlashCase(batch=(2,), n_queries=n // 2 + 9, n_keys=n // 2 + 9, head_dim=64, dtype="bfloat16",
+                                 is_causal=True, score_shift=-200.0)),
     ]
     return cases
 

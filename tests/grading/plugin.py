@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from adapters.client import SubmissionRunner
-from adapters.discover import defined_functions, find_submissions
+from adapters.discover import defined_functions, find_submissions, stub_functions
 from tests.grading import results
 from tests.grading.rubric import Rubric
 
@@ -67,6 +67,7 @@ class Grading:
         self.on_gpu = torch.cuda.is_available()
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
+        self.stubs = {s.name: stub_functions(s) for s in self.submissions}
         self._runners = {}
         self._replies = {}
 
@@ -81,6 +82,12 @@ class Grading:
             self._runners[submission.name] = SubmissionRunner(submission, env=env,
                                                               import_timeout=self.rubric.timeout("import"))
         return self._runners[submission.name]
+
+    def fail_if_stub(self, check, submission, function: str):
+        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub."""
+        if function in self.stubs[submission.name]:
+            check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
+                       outcome="not_attempted")
 
     def call_cached(self, submission, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""

@@ -150,6 +150,7 @@ def gate_flavour(c, grading, submission, flavour, model=None):
     and fails as not attempted (so every submission is graded out of the same points)."""
     defined = flavours_defined(grading, submission)
     if flavour in defined:
+        grading.fail_if_stub(c, submission, DDP_FLAVOURS[flavour][0])
         return
     if defined or flavour != "ddp" or model not in (None, DDP_MODELS[0]):
         c.skip(f"{DDP_FLAVOURS[flavour][0]} is not defined in the adapters")
@@ -440,6 +441,7 @@ def judge_sharded(c, grading, submission, scenario):
 def gate_sharded(c, grading, submission):
     if "get_sharded_optimizer" not in grading.functions[submission.name]:
         c.fail(f"not attempted: {submission.adapters_file} has no get_sharded_optimizer.", outcome="not_attempted")
+    grading.fail_if_stub(c, submission, "get_sharded_optimizer")
 
 
 @pytest.mark.parametrize("scenario", ["adamw", "sgd-momentum"])

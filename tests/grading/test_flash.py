@@ -3,27 +3,36 @@
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
 """
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import pytest
 import torch
 
 from adapters.cases import make_inputs
 from reference.tolerance import expected_attention, judge_attention
-from tests.grading import diagnose
+from tests.grading import diagnose, mistakes
 from tests.grading.matrix import flash_cases
 
 SLOTS = ("pytorch", "triton")
+ADAPTERS = {slot: f"get_flashattention_autograd_function_{slot}" for slot in SLOTS}
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
 IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
 POWER_OF_TWO_DIMS = (16, 32, 64, 128)
 
 
-@lru_cache(maxsize=4)
+# Every submission is graded on the same inputs, so a worker computes each case's oracle once for
+# the whole class (all cases together: under 200 MiB).
+@lru_cache(maxsize=None)
 def expected(case, seed, device):
-    """Inputs, oracle and plain-PyTorch baseline of a case: computed once for all its checks."""
+    """Inputs, oracle and plain-PyTorch baseline of a case."""
     q, k, v, do = make_inputs(case, seed, device)
     return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
+
+
+@lru_cache(maxsize=None)
+def mistaken(case, seed, device, mistake):
+    """What a known mistake gives on this case's inputs (for diagnoses)."""
+    return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)
 
 
 def run_case(grading, submission, slot, case, warmup=False):
@@ -38,6 +47,7 @@ def run_case(grading, submission, slot, case, warmup=False):
 
 
 def settle(check, grading, submission, slot, case):
+    grading.fail_if_stub(check, submission, ADAPTERS[slot])
     reply, tensors = run_case(grading, submission, slot, case)
     if not reply.ok and reply.status == "error" and case.head_dim not in POWER_OF_TWO_DIMS:
         check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {reply.message}")
@@ -47,7 +57,8 @@ def settle(check, grading, submission, slot, case):
 
 
 def judge(check, grading, case, tensors, names, fp32_course_tolerance=True):
-    (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, "cuda" if grading.on_gpu else "cpu")
+    device = "cuda" if grading.on_gpu else "cpu"
+    (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, device)
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")
     verdicts = judge_attention({n: tensors[n] for n in names}, q, k, v, do, case.is_causal, (oracle, baseline),
@@ -59,7 +70,8 @@ def judge(check, grading, case, tensors, names, fp32_course_tolerance=True):
             check.fail(f"{name} is {str(tensors[name].dtype).replace('torch.', '')}, expected {want}.")
     bad = [v for v in verdicts.values() if not v.ok]
     if bad:
-        sentence, heatmap = diagnose.explain(bad[0], tensors, (q, k, v, do), oracle, case)
+        sentence, heatmap = diagnose.explain(verdicts, tensors, oracle, case,
+                                             partial(mistaken, case, grading.seed, device))
         check.fail(sentence, "\n".join(v.reason for v in bad), heatmap=heatmap)
     if case.dtype == "float32" and fp32_course_tolerance:
         for name in names:

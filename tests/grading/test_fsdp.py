@@ -52,6 +52,7 @@ def fsdp_run(grading, submission):
 def gate_fsdp(c, grading, submission):
     if "get_fsdp" not in grading.functions[submission.name]:
         c.skip(TEMPLATE_2025)
+    grading.fail_if_stub(c, submission, "get_fsdp")
 
 
 # -- baselines --------------------------------------------------------------------------------

@@ -1,0 +1,95 @@
+"""Attention done wrong in ways students really do it, in float64: the diagnoses compare a wrong
+tensor with these to name the mistake.
+
+Each function takes the case's inputs (q, k, v, dO) on the CPU and returns o, L, dq, dk and dv
+like reference.oracle.attention_and_grads. Masks follow the oracle: True hides a key, hidden
+scores are filled with -1e6.
+"""
+import math
+
+import torch
+
+from reference.oracle import MASK_FILL, attention_and_grads
+
+
+def masked_attention_and_grads(q, k, v, do, hidden: torch.Tensor) -> dict:
+    """Attention and its gradients with an arbitrary (Nq, Nk) mask of hidden keys."""
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    s = (q @ k.transpose(-1, -2) / math.sqrt(q.shape[-1])).masked_fill(hidden, MASK_FILL)
+    o = torch.softmax(s, dim=-1) @ v
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do.double())
+    return {"o": o.detach(), "L": torch.logsumexp(s, dim=-1).detach(), "dq": dq, "dk": dk, "dv": dv}
+
+
+def diagonal_masked(q, k, v, do) -> dict:
+    """Causal with j >= i hidden (`>=` for `>`): a query does not see its own key. Row 0 sees
+    nothing, so compare from row 1 on."""
+    i = torch.arange(q.shape[-2])[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    return masked_attention_and_grads(q, k, v, do, j >= i)
+
+
+def tile_local_mask(q, k, v, do, tile: int, skip_above: bool) -> dict:
+    """Causal mask built from indices within a tile (i mod T, j mod T) with square T x T tiles;
+    `skip_above`: tiles above the diagonal are skipped, as the course asks."""
+    i = torch.arange(q.shape[-2])[:, None]
+    j = torch.arange(k.shape[-2])[None, :]
+    hidden = (j % tile) > (i % tile)
+    if skip_above:
+        hidden |= (j // tile) > (i // tile)
+    return masked_attention_and_grads(q, k, v, do, hidden)
+
+
+def backward_unmasked(q, k, v, do, tile: int | None = None) -> dict:
+    """A causal forward, then a backward that recomputes P = exp(S - L) without the mask: over
+    all keys, or (`tile`) over the keys of the T x T tiles it visits, i.e. unmasked inside the
+    diagonal tiles only."""
+    right = attention_and_grads(q, k, v, do, True)
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    scale = 1 / math.sqrt(q.shape[-1])
+    p = torch.exp(q @ k.transpose(-1, -2) * scale - right["L"][..., None])  # P > 0 above the diagonal
+    if tile is not None:
+        i = torch.arange(q.shape[-2])[:, None]
+        j = torch.arange(k.shape[-2])[None, :]
+        p = p.masked_fill((j // tile) > (i // tile), 0.0)  # tiles above the diagonal are skipped
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (do * right["o"]).sum(-1, keepdim=True))
+    return {**right, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
+
+
+def heads_flattened(q, k, v, do, is_causal: bool) -> dict:
+    """4-D (B, H, N, d) inputs reshaped to (B, H*N, d): the heads become one long sequence."""
+    flat = [t.reshape(t.shape[0], -1, t.shape[-1]) for t in (q, k, v, do)]
+    result = attention_and_grads(*flat, is_causal)
+    shapes = {"o": q.shape, "L": q.shape[:-1], "dq": q.shape, "dk": k.shape, "dv": v.shape}
+    return {name: result[name].reshape(shape) for name, shape in shapes.items()}
+
+
+def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
+    """Scores q.k * scale instead of q.k / sqrt(d)."""
+    return attention_and_grads(q * (scale * math.sqrt(q.shape[-1])), k, v, do, is_causal)
+
+
+def oracle_of(mistake: str, inputs: tuple, case) -> dict:
+    """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'diagonal-masked',
+    'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'tile-local-T' or
+    'tile-local-T-skip', with T a tile size)."""
+    q, k, v, do = (t.cpu() for t in inputs)
+    if mistake == "non-causal":
+        return attention_and_grads(q, k, v, do, False)
+    if mistake == "unscaled":
+        return with_scale(q, k, v, do, case.is_causal, 1.0)
+    if mistake == "scale-1/8":  # the course's d = 64 hard-coded
+        return with_scale(q, k, v, do, case.is_causal, 1 / 8)
+    if mistake == "diagonal-masked":
+        return diagonal_masked(q, k, v, do)
+    if mistake.startswith("backward-unmasked"):
+        tile = mistake.rsplit("-", 1)[1]
+        return backward_unmasked(q, k, v, do, int(tile) if tile.isdigit() else None)
+    if mistake == "heads-flattened":
+        return heads_flattened(q, k, v, do, case.is_causal)
+    if mistake.startswith("tile-local-"):
+        tile = int(mistake.split("-")[2])
+        return tile_local_mask(q, k, v, do, tile, mistake.endswith("-skip"))
+    raise ValueError(f"unknown mistake {mistake!r}")
+
