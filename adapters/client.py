@@ -45,7 +45,8 @@ TRUSTED_MODULES = ["adapters/*.py", "reference/__init__.py", "reference/distribu
 # The bundled reference submission links into reference/; only it may have links leaving its folder.
 TRUSTED_SUBMISSIONS = [PROJECT_ROOT / "submissions" / "reference", PROJECT_ROOT / "submissions" / "slow" / "tiles16"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
-            "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_")
+            "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
+            "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
 MAX_TENSOR_FILE = 4 << 30  # bytes of one reply's tensors
 MAX_PHASES = 64
 
