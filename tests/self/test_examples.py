@@ -63,8 +63,10 @@ def run_grader(out: Path) -> dict:
     """`python -m pytest -n 2 --impl 'submissions/examples/*' --reports DIR`, plus the words of
     FA2_EXAMPLES_ARGS if set (e.g. "-n 4" on a bigger machine)."""
     reports = out / "reports"
-    command = [sys.executable, "-m", "pytest", "-n", "2", "--impl", "submissions/examples/*",
-               "--reports", str(reports), "-q", "-p", "no:cacheprovider", "--durations=25",
+    # --opt=value: a separate absolute path would be taken for a test path (and set the rootdir)
+    # while the options are still unknown, which they are where the plugin is not installed.
+    command = [sys.executable, "-m", "pytest", "-n", "2", "--impl=submissions/examples/*",
+               f"--reports={reports}", "-q", "-p", "no:cacheprovider", "--durations=25",
                *shlex.split(os.environ.get("FA2_EXAMPLES_ARGS", ""))]
     start, before = time.monotonic(), resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=TIMEOUT_S)
