@@ -1,8 +1,8 @@
 """Attention done wrong in ways students really do it, in float64: the diagnoses compare a wrong
 tensor with these to name the mistake.
 
-Each function takes the case's inputs (q, k, v, dO) on the CPU and returns o, L, dq, dk and dv
-like reference.oracle.attention_and_grads. Masks follow the oracle: True hides a key, hidden
+Each function takes the case's inputs (q, k, v, dO), on whatever device they are, and returns o,
+L, dq, dk and dv like reference.oracle.attention_and_grads. Masks follow the oracle: True hides a key, hidden
 scores are filled with -1e6.
 """
 import math
@@ -24,16 +24,16 @@ def masked_attention_and_grads(q, k, v, do, hidden: torch.Tensor) -> dict:
 def diagonal_masked(q, k, v, do) -> dict:
     """Causal with j >= i hidden (`>=` for `>`): a query does not see its own key. Row 0 sees
     nothing, so compare from row 1 on."""
-    i = torch.arange(q.shape[-2])[:, None]
-    j = torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     return masked_attention_and_grads(q, k, v, do, j >= i)
 
 
 def tile_local_mask(q, k, v, do, tile: int, skip_above: bool) -> dict:
     """Causal mask built from indices within a tile (i mod T, j mod T) with square T x T tiles;
     `skip_above`: tiles above the diagonal are skipped, as the course asks."""
-    i = torch.arange(q.shape[-2])[:, None]
-    j = torch.arange(k.shape[-2])[None, :]
+    i = torch.arange(q.shape[-2], device=q.device)[:, None]
+    j = torch.arange(k.shape[-2], device=q.device)[None, :]
     hidden = (j % tile) > (i % tile)
     if skip_above:
         hidden |= (j // tile) > (i // tile)
@@ -49,8 +49,8 @@ def backward_unmasked(q, k, v, do, tile: int | None = None) -> dict:
     scale = 1 / math.sqrt(q.shape[-1])
     p = torch.exp(q @ k.transpose(-1, -2) * scale - right["L"][..., None])  # P > 0 above the diagonal
     if tile is not None:
-        i = torch.arange(q.shape[-2])[:, None]
-        j = torch.arange(k.shape[-2])[None, :]
+        i = torch.arange(q.shape[-2], device=q.device)[:, None]
+        j = torch.arange(k.shape[-2], device=q.device)[None, :]
         p = p.masked_fill((j // tile) > (i // tile), 0.0)  # tiles above the diagonal are skipped
     dp = do @ v.transpose(-1, -2)
     ds = p * (dp - (do * right["o"]).sum(-1, keepdim=True))
@@ -74,7 +74,10 @@ def oracle_of(mistake: str, inputs: tuple, case) -> dict:
     """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'diagonal-masked',
     'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'tile-local-T' or
     'tile-local-T-skip', with T a tile size)."""
-    q, k, v, do = (t.cpu() for t in inputs)
+    return {name: t.cpu() for name, t in _compute(mistake, *inputs, case).items()}
+
+
+def _compute(mistake, q, k, v, do, case) -> dict:
     if mistake == "non-causal":
         return attention_and_grads(q, k, v, do, False)
     if mistake == "unscaled":

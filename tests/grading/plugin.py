@@ -65,6 +65,8 @@ class Grading:
         self.reports = Path(config.getoption("--reports"))
         self.seed = config.getoption("--seed")
         self.on_gpu = torch.cuda.is_available()
+        # Workers share the cores: without this each one's float64 oracles use every core at once.
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
