@@ -204,6 +204,9 @@ def render_table(verdicts: dict, run: dict) -> str:
 
 def test_examples_exist():
     assert len(NAMES) >= 25, f"expected at least 25 examples in {EXAMPLES}, found {len(NAMES)}"
+    index = (EXAMPLES / "README.md").read_text()
+    unlisted = [name for name in NAMES if f"`{name}`" not in index]
+    assert not unlisted, f"{EXAMPLES / 'README.md'} does not list {unlisted}: add a row for each"
     for name in NAMES:
         folder = EXAMPLES / name
         assert (folder / "README.md").is_file() and (folder / "tests" / "adapters.py").is_file(), name

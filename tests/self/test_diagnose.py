@@ -1,0 +1,101 @@
+"""The diagnoses name the mistake behind a wrong tensor, and the stub finder reads templates right.
+
+Wrong tensors are built here from the float64 oracle by hand (a scaled gradient, a base-2 LSE,
+a strict causal mask, ...), independently of tests/grading/mistakes.py where that is possible.
+"""
+import math
+import pytest
+import torch
+
+from adapters.cases import FlashCase, make_inputs
+from adapters.discover import load_submission, stub_functions
+from reference.oracle import attention_and_grads
+from reference.tolerance import expected_attention, judge_attention
+from tests.grading import diagnose, mistakes
+
+
+def sentence_for(case, wrong: dict):
+    """The diagnosis the grader gives when the student's tensors are the oracle's, except `wrong`."""
+    q, k, v, do = make_inputs(case, seed=7)
+    oracle, baseline = expected_attention(q, k, v, do, case.is_causal)
+    names = ["o", "L"] if {"o", "L"} & set(wrong) else ["dq", "dk", "dv"]
+    tensors = {n: wrong.get(n, oracle[n]).to(torch.float32 if n == "L" else q.dtype) for n in names}
+    verdicts = judge_attention(tensors, q, k, v, do, case.is_causal, (oracle, baseline))
+    assert not all(v.ok for v in verdicts.values()), "the wrong tensors passed: the test builds them badly"
+
+    def mistaken(name):
+        return mistakes.oracle_of(name, (q, k, v, do), case)
+
+    return diagnose.explain(verdicts, tensors, oracle, case, mistaken)[0], oracle, (q, k, v, do)
+
+
+CAUSAL = FlashCase(batch=(2,), n_queries=96, n_keys=96, head_dim=32, is_causal=True)
+FULL = FlashCase(batch=(2,), n_queries=80, n_keys=112, head_dim=32)
+
+
+def test_missing_dk_scale():
+    q, k, v, do = make_inputs(FULL, seed=7)
+    dk = attention_and_grads(q, k, v, do)["dk"] * math.sqrt(32)
+    assert "its 1/sqrt(d) scale is missing" in sentence_for(FULL, {"dk": dk})[0]
+
+
+def test_base2_lse():
+    q, k, v, do = make_inputs(FULL, seed=7)
+    assert "base 2" in sentence_for(FULL, {"L": attention_and_grads(q, k, v, do)["L"] / math.log(2)})[0]
+
+
+def test_causal_ignored():
+    q, k, v, do = make_inputs(CAUSAL, seed=7)
+    assert "is_causal is ignored" in sentence_for(CAUSAL, {"o": attention_and_grads(q, k, v, do, False)["o"]})[0]
+
+
+def test_diagonal_masked():
+    q, k, v, do = (t.double() for t in make_inputs(CAUSAL, seed=7))
+    s = (q @ k.transpose(-1, -2) / math.sqrt(32)).masked_fill(torch.ones(96, 96).triu().bool(), -1e6)
+    assert "hides each query's own key" in sentence_for(CAUSAL, {"o": torch.softmax(s, -1) @ v})[0]
+
+
+def test_accumulator_not_rescaled_when_l_is_right():
+    q, k, v, do = make_inputs(FULL, seed=7)
+    o = attention_and_grads(q, k, v, do)["o"]
+    o[:, 40:] *= 1.5  # o wrong from some row on, L right
+    assert "o is wrong while L is right" in sentence_for(FULL, {"o": o})[0]
+
+
+def test_dropped_tail_rows_of_a_partial_tile():
+    q, k, v, do = make_inputs(FULL, seed=7)
+    o = attention_and_grads(q, k, v, do)["o"]
+    o[:, 64:] = 0  # 80 rows = one tile of 64 and a partial tile of 16
+    L = attention_and_grads(q, k, v, do)["L"].clone()
+    L[:, 64:] = 0
+    assert "query rows >= 64" in sentence_for(FULL, {"o": o, "L": L})[0]
+
+
+def test_a_second_full_tile_is_not_called_partial():
+    case = FlashCase(batch=(2,), n_queries=128, n_keys=128, head_dim=32)
+    q, k, v, do = make_inputs(case, seed=7)
+    right = attention_and_grads(q, k, v, do)
+    o, L = right["o"].clone(), right["L"].clone()
+    o[:, 64:], L[:, 64:] = 0, 0
+    assert "partial" not in sentence_for(case, {"o": o, "L": L})[0]
+
+
+def test_nan_names_the_row():
+    q, k, v, do = make_inputs(CAUSAL, seed=7)
+    o = attention_and_grads(q, k, v, do, True)["o"].clone()
+    o[:, 0] = float("nan")
+    assert "query row 0 only" in sentence_for(CAUSAL, {"o": o})[0]
+
+
+@pytest.mark.parametrize("body,stub", [
+    ("raise NotImplementedError", True),
+    ("raise NotImplementedError('todo')", True),
+    ('"""Docstring."""\n    raise NotImplementedError', True),
+    ("return MyDDP(module)", False),
+    ("if module is None:\n        raise NotImplementedError\n    return module", False),
+    ("raise ValueError('no')", False),
+])
+def test_stub_functions(tmp_path, body, stub):
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "adapters.py").write_text(f"def get_ddp(module):\n    {body}\n")
+    assert (stub_functions(load_submission(tmp_path)) == {"get_ddp"}) is stub
