@@ -122,11 +122,13 @@ class Submission:
 
     @property
     def top_diagnosis(self):
+        """The first failure in part order, preferring work that was attempted: 'not attempted'
+        says less about a submission than the bug in what it did attempt."""
         if self.ungradable:
             return self.ungradable
-        for _, checks in self.failed_by_part:
-            return checks[0].diagnosis
-        return ""
+        failed = [c for _, checks in self.failed_by_part for c in checks]
+        attempted = [c for c in failed if c.outcome != "not_attempted"]
+        return (attempted or failed)[0].diagnosis if failed else ""
 
     @property
     def fraction(self):

@@ -67,7 +67,9 @@ def heads_flattened(q, k, v, do, is_causal: bool) -> dict:
 
 def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
     """Scores q.k * scale instead of q.k / sqrt(d)."""
-    return attention_and_grads(q * (scale * math.sqrt(q.shape[-1])), k, v, do, is_causal)
+    factor = scale * math.sqrt(q.shape[-1])  # the oracle on q * factor: its dq is per unit of q * factor
+    result = attention_and_grads(q * factor, k, v, do, is_causal)
+    return {**result, "dq": result["dq"] * factor}
 
 
 def oracle_of(mistake: str, inputs: tuple, case) -> dict:

@@ -106,7 +106,7 @@ def test_ungradable_submission_has_a_row_saying_why(staff):
     assert "Could not be graded:" in page and "jaxtyping" in page
 
 
-def test_top_diagnosis_is_the_first_failed_check(staff):
+def test_top_diagnosis_is_the_first_attempted_failure(staff):
     reports, _ = staff
     rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
                                                                      "class-table")}
@@ -114,6 +114,25 @@ def test_top_diagnosis_is_the_first_failed_check(staff):
     assert rows["erin"][-2][1].startswith("The forward saves 3 tensors of shape (batch, N_q)")
     first_failed = next(t for t in fixture_json("bob")["tests"] if t["status"] == "failed")
     assert rows["bob"][-2][1] == first_failed["extra_data"]["diagnosis"]
+
+
+def test_top_diagnosis_passes_over_not_attempted(tmp_path):
+    """A part left as the template's stub comes before the bug in a part that was attempted."""
+    reports = copy_fixtures(tmp_path / "reports")
+    results = fixture_json("bob")
+    stub = {**results["tests"][0], "name": "bob::flash_pytorch::forward[fp32-128x128-d64-full]", "status": "failed",
+            "score": 0, "output": "not attempted",
+            "extra_data": {**results["tests"][0]["extra_data"], "outcome": "not_attempted",
+                           "diagnosis": "not attempted: get_flashattention_autograd_function_pytorch raised "
+                                        "NotImplementedError"}}
+    results["tests"].insert(0, stub)
+    (reports / "bob" / "results.json").write_text(json.dumps(results))
+    build_reports(reports)
+    rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
+                                                                     "class-table")}
+    first_attempted = next(t for t in results["tests"] if t["status"] == "failed"
+                           and t["extra_data"]["outcome"] != "not_attempted")
+    assert rows["bob"][-2][1] == first_attempted["extra_data"]["diagnosis"]
 
 
 def test_part_cells_are_coloured_by_fraction(staff):
