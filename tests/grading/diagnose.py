@@ -106,10 +106,11 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         if offset.shape[-1] > 1 and offset.std().item() < 1e-3 * (1 + offset.abs().mean().item()) and offset.abs().mean() > 1e-3:
             return f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from L = m + log(l)."
 
+    def rows_from(t, row):  # rows are the last axis of L, the second to last of the others
+        return t[..., row:] if name == "L" else t[..., row:, :]
+
     def matches(mistake, from_row=0):
-        other = mistaken(mistake)[name]
-        return _close(got[..., from_row:, :] if got.dim() > 1 and name != "L" else got[..., from_row:],
-                      other[..., from_row:, :] if got.dim() > 1 and name != "L" else other[..., from_row:])
+        return _close(rows_from(got, from_row), rows_from(mistaken(mistake)[name], from_row))
 
     if case.is_causal:
         if matches("non-causal"):
