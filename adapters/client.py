@@ -396,6 +396,16 @@ class SubmissionRunner:
         except (TypeError, KeyError):
             return None
 
+    def import_failure(self) -> "Reply | None":
+        """The import_error Reply every call would get (starting the runner to find out), or None."""
+        if self.submission.problem:
+            return Reply("import_error", self.submission.problem)
+        if self.process is None and not self.ready:
+            self.start()
+        if self.ready and self.ready.get("import_error"):
+            return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
+        return None
+
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
 

@@ -98,10 +98,16 @@ class Grading:
         return self._runners[submission.name]
 
     def fail_if_stub(self, check, submission, function: str):
-        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub."""
-        if function in self.stubs[submission.name]:
-            check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
-                       outcome="not_attempted")
+        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
+        unless the adapters do not even import: that, not the stub, is then the finding."""
+        if function not in self.stubs[submission.name]:
+            return
+        runner = self.runner(submission)
+        if (failure := runner.import_failure()) is not None:
+            self.note_runner(submission, runner, failure)
+            check.settle_reply(failure)
+        check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
+                   outcome="not_attempted")
 
     def call_cached(self, submission, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
