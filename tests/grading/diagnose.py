@@ -149,8 +149,8 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                 "running max grows, rescale the accumulator by exp(m_old - m_new) as well as l.")
 
     rows = _rows_view(err).amax(dim=(0, 2))
-    tile = _good_then_bad(rows, verdict.max_bound) if case.is_causal and name in ("o", "L", "dq") else None
-    if tile is not None and (matches(f"tile-local-{tile}-skip") or matches(f"tile-local-{tile}")):
+    tile = _good_then_bad(rows, verdict.max_bound) if name in ("o", "L", "dq") else None
+    if tile is not None and case.is_causal and (matches(f"tile-local-{tile}-skip") or matches(f"tile-local-{tile}")):
         return (f"{name} matches a causal mask built from indices within each {tile} x {tile} tile: every tile "
                 f"is masked as if it were on the diagonal. Compare global positions (tile start + index).")
     first = _tail_rows(rows, verdict.max_bound)
@@ -159,8 +159,10 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         return (f"{name} is wrong only for {axis} rows >= {first} of every batch: the last partial "
                 f"{axis} tile is dropped or not masked.")
     if tile is not None:
-        return (f"{name} is right in the first {tile} query rows and wrong after them, in causal mode: check the "
-                f"causal mask of tiles below the diagonal (global positions, not indices within the tile).")
+        mask = (", and the causal mask of tiles below the diagonal (global positions, not indices within the "
+                "tile)") if case.is_causal else ""
+        return (f"{name} is right in the first {tile} query rows and wrong after them: check that the launch grid "
+                f"reaches every query tile (swapped grid axes reach only a few){mask}.")
     share = (rows > verdict.max_bound).float().mean().item()
     if share == 0:  # failed on the mean error: small errors spread everywhere
         return (f"{name} is slightly wrong almost everywhere: its mean error {verdict.mean_err:.3g} exceeds "

@@ -99,3 +99,12 @@ def test_stub_functions(tmp_path, body, stub):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "adapters.py").write_text(f"def get_ddp(module):\n    {body}\n")
     assert (stub_functions(load_submission(tmp_path)) == {"get_ddp"}) is stub
+
+
+def test_only_the_first_tiles_right_points_at_the_grid():
+    case = FlashCase(batch=(2,), n_queries=256, n_keys=256, head_dim=32)
+    q, k, v, do = make_inputs(case, seed=7)
+    right = attention_and_grads(q, k, v, do)
+    o, L = right["o"].clone(), right["L"].clone()
+    o[:, 128:], L[:, 128:] = 0, 0  # what a grid of (B*H, tiles) read as (tiles, B*H) leaves unwritten
+    assert "launch grid" in sentence_for(case, {"o": o, "L": L})[0]
