@@ -6,6 +6,7 @@ because a page that fails to build hides the very submission someone needs to lo
 """
 import json
 import re
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -122,13 +123,15 @@ class Submission:
 
     @property
     def top_diagnosis(self):
-        """The first failure in part order, preferring work that was attempted: 'not attempted'
-        says less about a submission than the bug in what it did attempt."""
+        """The diagnosis shared by most failed checks, among work that was attempted ('not
+        attempted' says less than the bug in what was); ties go to the first in part order,
+        forward checks first (a wrong forward is usually why the backward is wrong too)."""
         if self.ungradable:
             return self.ungradable
-        failed = [c for _, checks in self.failed_by_part for c in checks]
-        attempted = [c for c in failed if c.outcome != "not_attempted"]
-        return (attempted or failed)[0].diagnosis if failed else ""
+        failed = [c for _, checks in self.failed_by_part for c in sorted(checks, key=lambda c: c.check != "forward")]
+        pool = [c for c in failed if c.outcome != "not_attempted"] or failed
+        counts = Counter(c.diagnosis for c in pool)
+        return max(pool, key=lambda c: counts[c.diagnosis]).diagnosis if pool else ""
 
     @property
     def fraction(self):

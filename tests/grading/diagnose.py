@@ -98,6 +98,12 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                     f"hides the diagonal (j >= i instead of j > i).")
         return f"{name} contains NaN or Inf: look for exp of an unmasked -inf row or a division by a zero row sum."
 
+    def rows_from(t, row):  # rows are the last axis of L, the second to last of the others
+        return t[..., row:] if name == "L" else t[..., row:, :]
+
+    def matches(mistake, from_row=0):
+        return _close(rows_from(got, from_row), rows_from(mistaken(mistake)[name], from_row))
+
     if name == "L":
         ratio = (got / want).median().item()
         if abs(ratio - 1 / math.log(2)) < 0.02:
@@ -105,12 +111,8 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         offset = got - want
         if offset.shape[-1] > 1 and offset.std().item() < 1e-3 * (1 + offset.abs().mean().item()) and offset.abs().mean() > 1e-3:
             return f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from L = m + log(l)."
-
-    def rows_from(t, row):  # rows are the last axis of L, the second to last of the others
-        return t[..., row:] if name == "L" else t[..., row:, :]
-
-    def matches(mistake, from_row=0):
-        return _close(rows_from(got, from_row), rows_from(mistaken(mistake)[name], from_row))
+        if matches("lse-without-max"):
+            return "L equals log(l) without the row max: the running max m is missing from L = m + log(l)."
 
     if case.is_causal:
         if matches("non-causal"):

@@ -9,7 +9,7 @@ import math
 
 import torch
 
-from reference.oracle import MASK_FILL, attention_and_grads
+from reference.oracle import MASK_FILL, attention_and_grads, scores
 
 
 def masked_attention_and_grads(q, k, v, do, hidden: torch.Tensor) -> dict:
@@ -65,6 +65,12 @@ def heads_flattened(q, k, v, do, is_causal: bool) -> dict:
     return {name: result[name].reshape(shape) for name, shape in shapes.items()}
 
 
+def lse_without_max(q, k, v, do, is_causal: bool) -> dict:
+    """L = log(l) with l = sum exp(s - m): the running max m left out of L = m + log(l)."""
+    right = attention_and_grads(q, k, v, do, is_causal)
+    return {**right, "L": right["L"] - scores(q.double(), k.double(), is_causal).amax(dim=-1)}
+
+
 def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
     """Scores q.k * scale instead of q.k / sqrt(d)."""
     factor = scale * math.sqrt(q.shape[-1])  # the oracle on q * factor: its dq is per unit of q * factor
@@ -73,7 +79,7 @@ def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
 
 
 def oracle_of(mistake: str, inputs: tuple, case) -> dict:
-    """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'diagonal-masked',
+    """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'lse-without-max', 'diagonal-masked',
     'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'tile-local-T' or
     'tile-local-T-skip', with T a tile size)."""
     return {name: t.cpu() for name, t in _compute(mistake, *inputs, case).items()}
@@ -86,6 +92,8 @@ def _compute(mistake, q, k, v, do, case) -> dict:
         return with_scale(q, k, v, do, case.is_causal, 1.0)
     if mistake == "scale-1/8":  # the course's d = 64 hard-coded
         return with_scale(q, k, v, do, case.is_causal, 1 / 8)
+    if mistake == "lse-without-max":
+        return lse_without_max(q, k, v, do, case.is_causal)
     if mistake == "diagonal-masked":
         return diagonal_masked(q, k, v, do)
     if mistake.startswith("backward-unmasked"):

@@ -29,7 +29,7 @@ def expected(case, seed, device):
     return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
 
 
-@lru_cache(maxsize=128)  # up to ~8 MB each: bounded, as a class tries many mistakes on many cases
+@lru_cache(maxsize=32)  # each up to ~8 MB, more while computed; a class tries many mistakes
 def mistaken(case, seed, device, mistake):
     """What a known mistake gives on this case's inputs (for diagnoses)."""
     return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)

@@ -108,3 +108,10 @@ def test_only_the_first_tiles_right_points_at_the_grid():
     o, L = right["o"].clone(), right["L"].clone()
     o[:, 128:], L[:, 128:] = 0, 0  # what a grid of (B*H, tiles) read as (tiles, B*H) leaves unwritten
     assert "launch grid" in sentence_for(case, {"o": o, "L": L})[0]
+
+
+def test_lse_without_the_row_max():
+    q, k, v, do = (t.double() for t in make_inputs(FULL, seed=7))
+    s = q @ k.transpose(-1, -2) / math.sqrt(32)
+    L = torch.log(torch.exp(s - s.amax(-1, keepdim=True)).sum(-1))  # log(l), m left out
+    assert "the running max m is missing" in sentence_for(FULL, {"L": L})[0]
