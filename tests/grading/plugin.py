@@ -65,8 +65,10 @@ class Grading:
         self.reports = Path(config.getoption("--reports"))
         self.seed = config.getoption("--seed")
         self.on_gpu = torch.cuda.is_available()
-        # Workers share the cores: without this each one's float64 oracles use every core at once.
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+        # Workers share the cores, and so do their runners: without this each one's float64
+        # oracles and each runner's matmuls would use every core at once.
+        self.threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+        torch.set_num_threads(self.threads)
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
@@ -91,8 +93,7 @@ class Grading:
             worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # pin workers to GPUs round-robin
             if self.on_gpu and torch.cuda.device_count() > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
                 env["CUDA_VISIBLE_DEVICES"] = str(int(worker.lstrip("gw") or 0) % torch.cuda.device_count())
-            threads = max(1, (os.cpu_count() or 1) // max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
-            env["OMP_NUM_THREADS"] = str(threads)
+            env["OMP_NUM_THREADS"] = str(self.threads)
             self._runners[submission.name] = SubmissionRunner(submission, env=env,
                                                               import_timeout=self.rubric.timeout("import"))
         return self._runners[submission.name]
