@@ -14,6 +14,8 @@ from pathlib import Path
 
 import yaml
 
+from adapters import course_env
+
 ADAPTER_LOCATIONS = ("tests/adapters.py", "adapters.py")
 
 
@@ -25,6 +27,7 @@ class Submission:
     student: str | None = None
     extra_paths: list = field(default_factory=list)
     problem: str | None = None  # why it cannot be graded at all, in one sentence
+    notes: list = field(default_factory=list)  # facts about its environment for the report (course_env)
 
 
 def load_submission(root: Path) -> Submission:
@@ -41,7 +44,18 @@ def load_submission(root: Path) -> Submission:
         f"no adapters file found: expected {' or '.join(candidates)} in {root.name}/")
     return Submission(name=str(settings.get("name") or root.name), root=root, adapters_file=adapters_file,
                       student=settings.get("student"), extra_paths=list(settings.get("paths", [])),
-                      problem=problem)
+                      problem=problem, notes=environment_notes(root))
+
+
+def environment_notes(root: Path) -> list[str]:
+    """What the submission's pyproject files ask of the grader's Python that it lacks (path
+    dependencies outside the repo, declared packages not installed), read from files only."""
+    if not root.is_dir():
+        return []
+    try:
+        return course_env.notes(root)
+    except Exception as exc:  # the report must still be written
+        return [f"The grader could not read the submission's pyproject.toml files ({exc!r})."]
 
 
 def looks_like_submission(path: Path) -> bool:

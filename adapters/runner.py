@@ -10,6 +10,7 @@ import faulthandler
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import time
@@ -20,6 +21,7 @@ from pathlib import Path
 # called `torch`, `triton` or `adapters` cannot shadow them.
 import torch
 
+from adapters import course_env
 from adapters import instruments
 from adapters.cases import FlashCase, make_inputs
 from adapters.channel import Channel
@@ -49,10 +51,11 @@ class NotAttempted(Exception):
     pass
 
 
-def _fake_metadata(root: Path) -> str:
-    """A dist-info for the repo's own packages, so `importlib.metadata.version("cs336-systems")`
-    works in a plain checkout as it does after the course's `uv run` installed it."""
-    names = set()
+def _fake_metadata(root: Path, extra_names=()) -> str:
+    """A dist-info for the repo's own packages and its path dependencies (`extra_names`), so
+    `importlib.metadata.version("cs336-systems")` works in a plain checkout as it does after the
+    course's `uv run` installed them."""
+    names = set(extra_names)
     pyproject = root / "pyproject.toml"
     if pyproject.exists():
         import tomllib
@@ -62,7 +65,7 @@ def _fake_metadata(root: Path) -> str:
             pass
     names |= {p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("cs336")}
     site = tempfile.mkdtemp(prefix="runner-metadata-")
-    for name in filter(None, names):
+    for name in filter(None, (re.sub(r"[^A-Za-z0-9._-]", "_", str(n)).strip("._") for n in names)):
         dist = Path(site) / f"{name.replace('-', '_')}-0.0.0.dist-info"
         dist.mkdir(exist_ok=True)  # pyproject's "cs336-systems" and the folder cs336_systems meet here
         (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
@@ -70,7 +73,17 @@ def _fake_metadata(root: Path) -> str:
 
 
 def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
-    sys.path[:0] = [str(root)] + [str(root / p) for p in extra_paths] + [_fake_metadata(root)]
+    """Import the adapters file with the sys.path `uv run` would give it: the repo's root, the
+    submission.yaml's paths, and the path dependencies inside the repo (cs336-basics/, say), each
+    with dist-info metadata. Spawned DDP ranks inherit this sys.path (distributed_ops)."""
+    try:
+        env = course_env.read(root)
+    except Exception as exc:  # never let the grader's own reading stop the import
+        env = course_env.CourseEnv(refused=[f"the grader could not read the submission's pyproject.toml files: {exc!r}"])
+    for note in env.refused:  # the harness reports these too (discover); here they go to the log
+        print(f"[runner] {note}", flush=True)
+    sys.path[:0] = ([str(root)] + [str(root / p) for p in extra_paths] + env.paths
+                    + [_fake_metadata(root, env.distributions)])
     relative = adapters_file.relative_to(root)
     if len(relative.parts) == 2 and (root / relative.parts[0] / "__init__.py").exists():
         return importlib.import_module(f"{relative.parts[0]}.{relative.stem}")  # e.g. tests.adapters
@@ -162,13 +175,22 @@ class Runner:
 
         if request.get("backward", True):
             self.phase("backward")
-            with instruments.Watch() as watch:
-                grads = flash_call.backward(inputs, o, do)
-                if o.is_cuda:
-                    SYNC()
-            result["backward"] = watch.report()
-            tensors.update({name: g for name, g in zip(("dq", "dk", "dv"), grads) if g is not None})
+            try:
+                with instruments.Watch() as watch:
+                    grads = flash_call.backward(inputs, o, do)
+                    if o.is_cuda:
+                        SYNC()
+            except Exception as exc:  # the forward's results still count (the official tests split them)
+                if out_of_memory(exc) or cuda_broken(exc):
+                    raise
+                result["backward_error"] = {
+                    "status": "not_attempted" if isinstance(exc, NotImplementedError) else "error",
+                    "message": describe(exc), "traceback": traceback.format_exc(limit=-8)}
+            else:
+                result["backward"] = watch.report()
+                tensors.update({name: g for name, g in zip(("dq", "dk", "dv"), grads) if g is not None})
         result["inputs_unchanged"] = all(EQUAL(a, b) for a, b in zip(originals, (q, k, v, do)))
+        result["devices"] = {name: str(t.device) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
         result["tensors"] = self.save(request["tag"], tensors)
         return result
 
@@ -271,8 +293,12 @@ def main() -> None:
     try:
         module = load_adapters(root, adapters_file, config.get("extra_paths", []))
     except BaseException as exc:
+        try:  # a declared package this Python lacks: say so, and how to fix it
+            advice = course_env.import_advice(root, exc)
+        except Exception:
+            advice = None
         channel.send({"event": "ready", "import_error":
-                      f"{config['adapters_file']} failed to import: {describe(exc)}",
+                      f"{config['adapters_file']} failed to import: {describe(exc)}" + (f". {advice}" if advice else ""),
                       "traceback": traceback.format_exc(limit=-8)})
         return
     functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))

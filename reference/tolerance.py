@@ -8,6 +8,33 @@ error of plain PyTorch attention run in the same dtype (FlashAttention's own tes
 
 factor is 2 for outputs and L, 3 for gradients. The atol of a few ulps keeps the rule sane
 when the baseline is (almost) exact. NaN or Inf anywhere fails.
+
+The fp32 policy for Triton kernels (TF32)
+-----------------------------------------
+On tensor-core GPUs Triton's `tl.dot` multiplies float32 inputs in TF32 by default: each input
+is rounded to a 10-bit mantissa (relative error 2^-11) and the products are accumulated in
+float32. A kernel that follows the handout (which says "Perform matrix multiplications with
+tl.dot" and never asks for input_precision="ieee") therefore lands near 1e-3 from the oracle,
+while plain fp32 PyTorch (cuBLAS without TF32, torch's default) lands near 1e-6. Judged against
+the plain fp32 baseline, every such correct kernel would fail.
+
+So fp32 results of the Triton slot are judged against plain attention whose every matmul
+rounds its inputs to TF32 (`tf32_attention_and_grads`: forward and backward, the rounding done
+explicitly, so the baseline is the same on any device and does not depend on cuBLAS flags),
+with the same factors. Why this is defensible:
+- it is the precision the course's own tools choose by default; the official tests accept it
+  (atol = rtol = 1e-2, a hundred times looser);
+- it is still tight: TF32 moves an attention output by ~1e-4..1e-3, while a softmax scale off
+  by a few percent, a wrong mask, a missing rescale or a dropped tile moves o, L or the
+  gradients by 1e-2 or more, and fails;
+- a kernel that is exact in fp32 (input_precision="ieee") passes it trivially.
+A kernel that passes only under this rule is told so in its report ("computes its fp32
+matmuls in TF32"); nothing is deducted. The PyTorch slot keeps the plain fp32 baseline: it
+runs on the CPU, where there is no TF32.
+
+The course tier is judged by the official tests' own rule instead (`course_close`):
+torch.testing.assert_close semantics, |x - ref| <= atol + rtol * |ref| with atol = rtol = 1e-2,
+plus the same dtype, so a repo that passes the official tests gets the course tier.
 """
 from dataclasses import asdict, dataclass
 
@@ -66,6 +93,58 @@ def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: tor
     else:
         reason = ""
     return Verdict(not reason, reason, max_err, max_bound, mean_err, mean_bound, worst, *at_worst)
+
+
+COURSE_ATOL = COURSE_RTOL = 1e-2  # tests/test_attention.py in the course's repo
+
+
+def course_close(name: str, actual: torch.Tensor, oracle: torch.Tensor) -> str:
+    """The official tests' comparison (torch.testing.assert_close with atol = rtol = 1e-2 against
+    a float32 reference, here the float64 oracle): '' when it passes, else its message."""
+    try:
+        torch.testing.assert_close(actual.detach().cpu().double(), oracle.detach().cpu().double(),
+                                   atol=COURSE_ATOL, rtol=COURSE_RTOL)
+    except AssertionError as exc:
+        lines = [line.strip() for line in str(exc).splitlines() if line.strip()]
+        return f"{name}: " + " ".join(lines[:4])
+    return ""
+
+
+def round_to_tf32(x: torch.Tensor) -> torch.Tensor:
+    """float32 rounded to TF32's 10-bit mantissa (round to nearest, ties to even), kept in float32."""
+    bits = x.float().contiguous().view(torch.int32)
+    lsb = (bits >> 13) & 1
+    rounded = (bits + 0xFFF + lsb) & ~0x1FFF
+    special = ~torch.isfinite(x)  # inf and nan keep their bits
+    return torch.where(special, x.float(), rounded.view(torch.float32))
+
+
+class TF32Matmul(torch.autograd.Function):
+    """a @ b as a tensor core does it in TF32, in the forward and in both backward products."""
+
+    @staticmethod
+    def forward(ctx, a, b):
+        ctx.save_for_backward(a, b)
+        return round_to_tf32(a) @ round_to_tf32(b)
+
+    @staticmethod
+    def backward(ctx, grad):
+        a, b = ctx.saved_tensors
+        grad = round_to_tf32(grad)
+        return grad @ round_to_tf32(b).transpose(-1, -2), round_to_tf32(a).transpose(-1, -2) @ grad
+
+
+def tf32_attention_and_grads(q, k, v, do, is_causal: bool) -> dict:
+    """Plain float32 attention, forward and backward, with every matmul in TF32."""
+    from .oracle import MASK_FILL, causal_mask
+
+    q, k, v = (t.detach().float().requires_grad_(True) for t in (q, k, v))
+    s = TF32Matmul.apply(q, k.transpose(-1, -2)) / q.shape[-1] ** 0.5
+    if is_causal:
+        s = s.masked_fill(causal_mask(q.shape[-2], k.shape[-2], q.device), MASK_FILL)
+    o = TF32Matmul.apply(torch.softmax(s, dim=-1), v)
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do.float())
+    return {"o": o.detach(), "L": torch.logsumexp(s, dim=-1).detach(), "dq": dq, "dk": dk, "dv": dv}
 
 
 def expected_attention(q, k, v, do, is_causal: bool) -> tuple[dict, dict]:

@@ -46,18 +46,32 @@ def _write(path: Path, text: str, written: list):
 
 
 def grades_csv(submissions) -> str:
+    """One row per submission: the part scores, total, max and seed as before, then, for each
+    part that has advice anywhere in the class, <part>_requirements and <part>_advice (blank
+    where a results.json does not say), then the submission's notes."""
     part_keys = []
     for sub in submissions:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
+    advice_keys = [k for k in part_keys
+                   if any(p.key == k and p.advice_max_score is not None for sub in submissions for p in sub.parts)]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["name", "student", *part_keys, "total", "max", "seed"])
+    writer.writerow(["name", "student", *part_keys, "total", "max", "seed",
+                     *(f"{k}_{kind}" for k in advice_keys for kind in ("requirements", "advice")), "notes"])
     for sub in submissions:
-        scores = {p.key: p.score for p in sub.parts}
+        parts = {p.key: p for p in sub.parts}
+        split = []
+        for key in advice_keys:
+            part = parts.get(key)
+            if part is None or part.advice_max_score is None:
+                split += ["", ""]
+            else:
+                split += [_points(part.requirement_score), _points(part.advice_score)]
         writer.writerow([sub.name, sub.student or "",
-                         *(_points(scores[k]) if k in scores else "" for k in part_keys),
+                         *(_points(parts[k].score) if k in parts else "" for k in part_keys),
                          _points(sub.score), _points(sub.max_score),
-                         "" if sub.seed is None else sub.seed])
+                         "" if sub.seed is None else sub.seed,
+                         *split, " ".join(sub.notes)])
     return out.getvalue()
 
 

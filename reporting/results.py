@@ -7,7 +7,7 @@ because a page that fails to build hides the very submission someone needs to lo
 import json
 import re
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 PART_ORDER = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
@@ -22,6 +22,8 @@ HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
 VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
                 "oracle_at_worst", "actual_at_worst")
 ENVIRONMENT_KEYS = ("device", "torch", "triton", "triton_interpreter", "python")
+# A check's source starting with this is advice (a best practice the handout does not ask for).
+ADVICE_PREFIX = "beyond the handout"
 
 
 @dataclass
@@ -30,10 +32,26 @@ class Part:
     label: str
     score: float
     max_score: float
+    # The advice share of score / max_score; None when results.json does not say (older files).
+    advice_score: float | None = None
+    advice_max_score: float | None = None
 
     @property
     def fraction(self):
         return self.score / self.max_score if self.max_score else None
+
+    @property
+    def has_advice(self):
+        """True when some of this part's points are advice, shown apart from the requirements."""
+        return bool(self.advice_max_score)
+
+    @property
+    def requirement_score(self):
+        return self.score - (self.advice_score or 0.0)
+
+    @property
+    def requirement_max_score(self):
+        return self.max_score - (self.advice_max_score or 0.0)
 
 
 @dataclass
@@ -55,6 +73,9 @@ class Check:
     heatmaps: list
     timing: dict | None
     memory: dict | None
+    source: str = ""  # where the requirement comes from: official tests, handout, or beyond it
+    advice: bool = False  # beyond the handout: a best practice worth few points
+    precision: str = ""  # "tf32": an fp32 check that passed only under the TF32 rule
 
     @property
     def has_charts(self):
@@ -92,22 +113,47 @@ class Submission:
     student_view: bool = False
     hidden_count: int = 0
     stdout_visible: bool = True
+    notes: list = field(default_factory=list)  # sentences about the whole submission to act on
 
     def part(self, key):
         return next((p for p in self.parts if p.key == key), None)
 
-    def with_state(self, state):
-        return [c for c in self.checks if c.state == state]
+    def with_state(self, state, checks=None):
+        return [c for c in (self.checks if checks is None else checks) if c.state == state]
 
     @property
     def failed_by_part(self):
         """[(Part, [Check])] in part order; only parts with failures."""
+        return self.failed_by_part_in(self.checks)
+
+    def failed_by_part_in(self, checks):
+        """The same for a subset of the checks (one section of the page)."""
         groups = []
         for part in self.parts:
-            checks = [c for c in self.checks if c.state == "failed" and c.part == part.key]
-            if checks:
-                groups.append((part, checks))
+            failed = [c for c in checks if c.state == "failed" and c.part == part.key]
+            if failed:
+                groups.append((part, failed))
         return groups
+
+    @property
+    def sections(self):
+        """[(kind, [Check])] for the page: ("requirements", ...) then ("advice", ...) when the
+        results say where checks come from; one ("all", ...) for older results that do not."""
+        if not any(c.source or c.advice for c in self.checks):
+            return [("all", self.checks)]
+        sections = [("requirements", [c for c in self.checks if not c.advice])]
+        advice = [c for c in self.checks if c.advice]
+        if advice:
+            sections.append(("advice", advice))
+        return sections
+
+    @property
+    def advice_score(self):
+        return sum(p.advice_score or 0.0 for p in self.parts)
+
+    @property
+    def advice_max_score(self):
+        return sum(p.advice_max_score or 0.0 for p in self.parts)
 
     @staticmethod
     def by_diagnosis(checks):
@@ -124,11 +170,13 @@ class Submission:
     @property
     def top_diagnosis(self):
         """The diagnosis shared by most failed checks, among work that was attempted ('not
-        attempted' says less than the bug in what was); ties go to the first in part order,
-        forward checks first (a wrong forward is usually why the backward is wrong too)."""
+        attempted' says less than the bug in what was) and among the course's requirements
+        before advice; ties go to the first in part order, forward checks first (a wrong
+        forward is usually why the backward is wrong too)."""
         if self.ungradable:
             return self.ungradable
         failed = [c for _, checks in self.failed_by_part for c in sorted(checks, key=lambda c: c.check != "forward")]
+        failed = [c for c in failed if not c.advice] or failed
         pool = [c for c in failed if c.outcome != "not_attempted"] or failed
         counts = Counter(c.diagnosis for c in pool)
         return max(pool, key=lambda c: counts[c.diagnosis]).diagnosis if pool else ""
@@ -151,6 +199,15 @@ def _num(value, default=0.0):
 
 def _text(value):
     return "" if value is None else str(value)
+
+
+def _notes(value) -> list:
+    """extra_data.notes: a list of sentences (a lone string is taken as one)."""
+    if isinstance(value, str):
+        value = [value]
+    if not isinstance(value, list):
+        return []
+    return [_text(n).strip() for n in value if _text(n).strip()]
 
 
 _NAME = re.compile(r"^(?:[^:]*::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
@@ -178,6 +235,11 @@ def _check(test: dict, default_visibility: str) -> Check:
     heatmaps = extra.get("heatmap") or []
     if isinstance(heatmaps, dict):
         heatmaps = [heatmaps]
+    tags = [_text(t) for t in test.get("tags") or []] if isinstance(test.get("tags"), list) else []
+    source = _text(extra.get("source")).strip()
+    advice = extra.get("advice")
+    if not isinstance(advice, bool):  # not said: the rule the plugin uses, or its tag
+        advice = source.lower().startswith(ADVICE_PREFIX) or "advice" in tags
     return Check(
         name=name,
         part=_text(extra.get("part")) or from_name.get("part") or "other",
@@ -187,16 +249,22 @@ def _check(test: dict, default_visibility: str) -> Check:
         outcome=outcome, state=state, diagnosis=diagnosis, evidence=evidence.strip("\n"),
         score=_num(test.get("score")), max_score=_num(test.get("max_score")),
         visibility=_text(test.get("visibility")) or default_visibility,
-        tags=[_text(t) for t in test.get("tags") or []],
+        tags=tags,
         verdicts=verdicts,
         heatmaps=[h for h in heatmaps if isinstance(h, dict)],
         timing=_dict(extra.get("timing")) or None,
         memory=_dict(extra.get("memory")) or None,
+        source=source, advice=advice,
+        precision=_text(extra.get("precision")).strip().lower(),
     )
 
 
 def _parts(declared: dict, checks: list, from_checks: bool) -> list:
-    """Parts in the course's order, then any others; scores summed from `checks` if asked."""
+    """Parts in the course's order, then any others; scores summed from `checks` if asked.
+
+    The advice share comes from the part's advice_score / advice_max_score, else from its
+    checks marked advice; a part with neither has None (nothing to show apart).
+    """
     keys = [k for k in PART_ORDER if k in declared or any(c.part == k for c in checks)]
     for key in list(declared) + [c.part for c in checks]:
         if key not in keys:
@@ -205,11 +273,19 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
     for key in keys:
         info = _dict(declared.get(key))
         label = _text(info.get("label")) or PART_LABELS.get(key, key)
+        mine = [c for c in checks if c.part == key]
+        advice = [c for c in mine if c.advice]
         if from_checks or not info:
-            mine = [c for c in checks if c.part == key]
-            parts.append(Part(key, label, sum(c.score for c in mine), sum(c.max_score for c in mine)))
+            part = Part(key, label, sum(c.score for c in mine), sum(c.max_score for c in mine))
         else:
-            parts.append(Part(key, label, _num(info.get("score")), _num(info.get("max_score"))))
+            part = Part(key, label, _num(info.get("score")), _num(info.get("max_score")))
+        if not from_checks and "advice_max_score" in info:
+            part.advice_score = _num(info.get("advice_score"))
+            part.advice_max_score = _num(info.get("advice_max_score"))
+        elif advice:
+            part.advice_score = sum(c.score for c in advice)
+            part.advice_max_score = sum(c.max_score for c in advice)
+        parts.append(part)
     return parts
 
 
@@ -253,6 +329,7 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
         execution_time=_num(execution_time, None) if execution_time is not None else None,
         checks=checks, student_view=student_view, hidden_count=hidden_count,
         stdout_visible=_text(data.get("stdout_visibility")) == "visible",
+        notes=_notes(extra.get("notes")),
     )
 
 

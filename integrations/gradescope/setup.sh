@@ -23,8 +23,7 @@ python3 -m venv "$VENV"
 # the Triton checks run here.
 "$VENV/bin/python" -m pip install --quiet "$TRITON_SPEC"
 # The project itself and its remaining dependencies (pytest, numpy, pyyaml, jinja2, ...).
-"$VENV/bin/python" -m pip install --quiet -e "$GRADER"
-# Students' code commonly imports these (the course's own tests/adapters.py imports jaxtyping).
-"$VENV/bin/python" -m pip install --quiet jaxtyping einops
+# The `course` extra: what the course's cs336-basics and pyproject declare (einops, einx, jaxtyping, pandas).
+"$VENV/bin/python" -m pip install --quiet -e "$GRADER[course]"
 
 "$VENV/bin/python" -c "import torch, triton, pytest, jinja2; print('torch', torch.__version__, 'triton', triton.__version__)"

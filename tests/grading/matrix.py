@@ -1,13 +1,19 @@
-"""Which attention cases each slot is graded on, by tier.
+"""Which attention cases each slot is graded on, by tier, and on which device.
 
-- course: the official test's one case (B=4, N=128, d=64, fp32), so we never contradict it.
+- course: the official tests' cases (tests/test_attention.py): B=4, N=128, d=64, fp32; the
+  PyTorch class non-causal on the CPU, the Triton class causal and not on CUDA. Judged by their
+  tolerance alone, so a repo that passes the official tests gets the course tier.
 - handout: what the handout promises (powers of two >= 16, d in {16, 32, 64, 128}, several
-  tiles), non-causal; `causal` holds the same shapes with is_causal=True, so the rubric can
-  weigh causal apart (the handout lets the PyTorch class ignore it).
-- robustness: odd lengths, odd head dims, 4-D, strided inputs, large scores.
+  tiles), non-causal. For the Triton slot fp32 and bf16 (flash_benchmarking sweeps both); for
+  the PyTorch slot fp32, its bf16 twins being the `bf16` tier (the handout asks no dtype of it).
+- causal: the handout's shapes with is_causal=True (a requirement for Triton, flash_forward (c);
+  advice for PyTorch, which the handout lets ignore the flag).
+- robustness: odd lengths, odd head dims, 4-D, strided inputs, large scores (advice).
 
-Without a GPU the Triton slot runs under the interpreter, so its cases shrink (N <= 256).
-Case ids must be unique within a slot: each check's result file is named after its id.
+The PyTorch slot always runs on the CPU, where the official tests run it; a GPU adds one
+`runs_on_cuda` check. Without a GPU the Triton slot runs under the interpreter, so its cases
+shrink (N <= 256). Case ids must be unique within a slot: each check's result file is named
+after its id.
 """
 from adapters.cases import FlashCase
 
@@ -19,11 +25,23 @@ def _handout(n: int, causal: bool):
             for d in (16, 32, 64, 128) for dtype in ("float32", "bfloat16")]
 
 
+COURSE_CASE = FlashCase(batch=(4,), n_queries=128, n_keys=128, head_dim=64)  # tests/test_attention.py
+
+
+def slot_device(slot: str, on_gpu: bool) -> str:
+    """Where a slot's cases run: the Triton class on CUDA when there is a GPU, the PyTorch class
+    on the CPU as in the official tests."""
+    return "cuda" if slot == "triton" and on_gpu else "cpu"
+
+
 def flash_cases(slot: str, on_gpu: bool) -> list[tuple[str, FlashCase]]:
     small = slot == "triton" and not on_gpu
     n = 64 if small else 1024  # 64, not 128: the course case is 128 and ids must stay unique
-    cases = [("course", FlashCase(batch=(4,), n_queries=128, n_keys=128, head_dim=64))]
-    cases += [("handout", c) for c in _handout(n, causal=False)]
+    cases = [("course", COURSE_CASE)]
+    if slot == "triton":  # the official Triton tests run both
+        cases += [("course", FlashCase(batch=(4,), n_queries=128, n_keys=128, head_dim=64, is_causal=True))]
+    for case in _handout(n, causal=False):
+        cases += [("bf16" if slot == "pytorch" and case.dtype == "bfloat16" else "handout", case)]
     cases += [("causal", c) for c in _handout(n, causal=True)]
     pairs = [(nq, nk) for nq, nk in ODD_PAIRS if not small or max(nq, nk) <= 256] + ([(255, 256)] if small else [])
     for i, (nq, nk) in enumerate(pairs):

@@ -26,6 +26,8 @@ class Check:
     def __init__(self, submission, part, check, case, tier, rubric):
         self.record = {"submission": submission.name, "part": part, "check": check, "case": case,
                        "tier": tier, "group": rubric.group_of(part, check, tier),
+                       "source": rubric.source(rubric.group_of(part, check, tier)),
+                       "advice": rubric.advice(rubric.group_of(part, check, tier)),
                        "name": f"{submission.name}::{part}::{check}" + (f"[{case}]" if case else ""),
                        "outcome": "error", "diagnosis": "", "output": "", "seconds": 0.0}
 
@@ -173,7 +175,7 @@ class GradingPlugin:
                 (folder / "info.json").unlink()
             results.write_info(self.state.reports, s.name, {
                 "student": s.student, "seed": self.state.seed, "ungradable": s.problem,
-                "environment": environment(self.state.on_gpu)})
+                "environment": environment(self.state.on_gpu), "notes": s.notes})
         names = ", ".join(s.name for s in self.state.submissions) or "none"
         print(f"\ngrading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
 

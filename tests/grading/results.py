@@ -52,13 +52,18 @@ def assemble(reports: Path, submission: str, rubric: Rubric) -> dict:
         part = parts.setdefault(r["part"], {"label": r["part"], "score": 0.0, "max_score": 0.0})
         part["score"] += score
         part["max_score"] += max_score
+        if rubric.advice(r["group"]):  # of which advice (beyond the handout), reported apart
+            part["advice_score"] = part.get("advice_score", 0.0) + score
+            part["advice_max_score"] = part.get("advice_max_score", 0.0) + max_score
         tests.append({
             "name": r["name"], "score": round(score, 4), "max_score": round(max_score, 4),
             "status": "passed" if passed else "failed", "output": r["output"],
-            "tags": [r["part"], r["tier"]], "visibility": rubric.visibility(r["group"]),
-            "extra_data": {k: r.get(k) for k in ("part", "check", "case", "tier", "outcome", "diagnosis",
-                                                 "verdicts", "heatmap", "timing", "memory", "seconds")
-                           if r.get(k) is not None},
+            "tags": [r["part"], r["tier"]] + (["advice"] if rubric.advice(r["group"]) else []),
+            "visibility": rubric.visibility(r["group"]),
+            "extra_data": {**{k: r.get(k) for k in ("part", "check", "case", "tier", "outcome", "diagnosis",
+                                                    "verdicts", "heatmap", "timing", "memory", "seconds",
+                                                    "precision") if r.get(k) is not None},
+                           "source": rubric.source(r["group"]), "advice": rubric.advice(r["group"])},
         })
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
@@ -71,7 +76,8 @@ def assemble(reports: Path, submission: str, rubric: Rubric) -> dict:
         "output": summary, "visibility": "visible", "stdout_visibility": "hidden",
         "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
                        "environment": info.get("environment", {}), "parts": parts,
-                       "ungradable": info.get("ungradable"), "runner_log_tail": info.get("runner_log_tail", "")},
+                       "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
+                       "runner_log_tail": info.get("runner_log_tail", "")},
         "tests": tests,
     }
     (folder / "results.json").write_text(json.dumps(results, indent=1))

@@ -4,6 +4,7 @@ from pathlib import Path
 import yaml
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
+ADVICE_PREFIX = "beyond the handout"
 
 
 class Rubric:
@@ -18,7 +19,8 @@ class Rubric:
         for key, value in data.get("groups", {}).items():
             value = value if isinstance(value, dict) else {"points": value}
             self.groups[key] = {"points": float(value.get("points", 0)),
-                                "visibility": value.get("visibility", "visible")}
+                                "visibility": value.get("visibility", "visible"),
+                                "source": str(value.get("source", ""))}
 
     def group_of(self, part: str, check: str, tier: str) -> str:
         """The most specific group naming this check: part.check.tier, then part.check, then part."""
@@ -32,6 +34,14 @@ class Rubric:
 
     def visibility(self, group: str) -> str:
         return self.groups.get(group, {}).get("visibility", "visible")
+
+    def source(self, group: str) -> str:
+        """Where the group's requirement comes from: the official tests, the handout, or beyond it."""
+        return self.groups.get(group, {}).get("source", "")
+
+    def advice(self, group: str) -> bool:
+        """A check beyond the handout: advice, reported apart from the course's requirements."""
+        return self.source(group).startswith(ADVICE_PREFIX)
 
     def timeout(self, name: str) -> float:
         return float(self.timeouts.get(name, 60))

@@ -112,7 +112,9 @@ def test_top_diagnosis_is_the_first_attempted_failure(staff):
                                                                      "class-table")}
     assert rows["alice"][-2][1] == "All checks passed."
     assert rows["erin"][-2][1].startswith("The forward saves 3 tensors of shape (batch, N_q)")
-    first_failed = next(t for t in fixture_json("bob")["tests"] if t["status"] == "failed")
+    # advice (beyond the handout) comes after the course's requirements
+    first_failed = next(t for t in fixture_json("bob")["tests"] if t["status"] == "failed"
+                        and not t["extra_data"].get("advice"))
     assert rows["bob"][-2][1] == first_failed["extra_data"]["diagnosis"]
 
 
@@ -131,7 +133,7 @@ def test_top_diagnosis_passes_over_not_attempted(tmp_path):
     rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
                                                                      "class-table")}
     first_attempted = next(t for t in results["tests"] if t["status"] == "failed"
-                           and t["extra_data"]["outcome"] != "not_attempted")
+                           and t["extra_data"]["outcome"] != "not_attempted" and not t["extra_data"].get("advice"))
     assert rows["bob"][-2][1] == first_attempted["extra_data"]["diagnosis"]
 
 
@@ -142,16 +144,22 @@ def test_part_cells_are_coloured_by_fraction(staff):
     ddp = 2 + PARTS.index("ddp")  # after the name and score cells
     assert rows["alice"][ddp][0]["style"] == f"background: {plots.heat_colour_fraction(1.0)}"
     assert rows["erin"][ddp][0]["style"] == f"background: {plots.heat_colour_fraction(0.0)}"
-    assert rows["erin"][ddp][1] == "0/15"
+    assert rows["erin"][ddp][1] == "0/12.5(+0/0.5 advice)"
     timing = 2 + PARTS.index("timing")
     assert rows["erin"][timing][1] == "—"  # skipped on a CPU machine: not scored, not zero
+
+
+ADVICE_PARTS = [p for p in PARTS if p != "memory"]  # the fixtures' memory checks are all from the handout
 
 
 def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
     reports, _ = staff
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed"]
+    # The old columns first, unchanged, so nothing that reads them by position breaks.
+    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed",
+                             *(f"{p}_{kind}" for p in ADVICE_PARTS for kind in ("requirements", "advice")),
+                             "notes"]
     assert [r["name"] for r in rows] == NAMES
     for row in rows:
         data = fixture_json(row["name"])
@@ -161,6 +169,15 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
         assert row["student"] == (extra["student"] or "")
         for part in PARTS:
             assert float(row[part]) == extra["parts"][part]["score"]
+        for part in ADVICE_PARTS:
+            info = extra["parts"][part]
+            assert float(row[f"{part}_advice"]) == info["advice_score"]
+            assert float(row[f"{part}_requirements"]) == pytest.approx(info["score"] - info["advice_score"])
+        assert row["notes"] == " ".join(extra["notes"])
+    bob = rows[NAMES.index("bob")]
+    assert (bob["flash_triton"], bob["flash_triton_requirements"], bob["flash_triton_advice"]) == ("13.7", "13", "0.7")
+    assert rows[NAMES.index("dave")]["notes"].startswith("The submission declares jaxtyping (pyproject.toml)")
+    assert rows[NAMES.index("alice")]["notes"] == ""
 
 
 def test_rebuilding_gives_identical_files(tmp_path):
@@ -173,12 +190,17 @@ def test_rebuilding_gives_identical_files(tmp_path):
 def test_failed_checks_come_first_grouped_by_part_with_their_evidence(staff):
     reports, _ = staff
     page = (reports / "bob" / "index.html").read_text()
-    failed_at, passed_at, skipped_at = (page.index(s) for s in
-                                        ("Failed checks (14)", "Passed checks (52)", "Skipped checks (0)"))
-    assert failed_at < passed_at < skipped_at
+    # Course requirements first, then advice; in each, failed checks by part, then passed, then skipped.
+    marks = ["<h2 id=\"requirements\">Course requirements</h2>", "<h3>Failed checks (1)</h3>",
+             "<h4>Sharded optimizer ", "Passed checks (26)", "Skipped checks (0)",
+             "<h2 id=\"advice\">Advice (beyond the handout)</h2>", "<h3>Failed checks (13)</h3>",
+             "<h4>Triton FA2 ", "<h4>Timing ", "Passed checks (26)", "Skipped checks (0)"]
+    at = 0
+    for mark in marks:
+        at = page.index(mark, at)
     assert "<details>\n  <summary>Passed checks" in page  # passed checks are collapsed
-    parts = [page.index(f"<h3>{label} ", failed_at) for label in ("Triton FA2", "Sharded optimizer", "Timing")]
-    assert parts == sorted(parts)
+    assert "· 1 failed · 5 / 7.5 pts</span></h4>" in page  # the part's requirement points
+    assert "· 12 failed · 0.7 / 1.9 pts</span></h4>" in page  # the part's advice points
     assert '<p class="diag">dK and dV are wrong only for keys in the last, partial key tile' in page
     assert '<table class="verdicts">' in page and "0.314" in page and "5.10e-5" in page
     assert 'aria-label="heatmap of dk error per tile"' in page
@@ -190,16 +212,22 @@ def test_failed_checks_come_first_grouped_by_part_with_their_evidence(staff):
 def test_each_diagnosis_is_shown_once_per_part(staff):
     reports, _ = staff
     page = (reports / "erin" / "index.html").read_text()
-    assert page.count("not attempted: get_ddp_individual_parameters raised NotImplementedError") == 1
+    requirements, advice = page.split('<h2 id="advice">')
+    # once among the requirements, once for the advice check (bucket100mb) of the same part
+    assert requirements.count("not attempted: get_ddp_individual_parameters raised NotImplementedError") == 1
+    assert advice.count("not attempted: get_ddp_individual_parameters raised NotImplementedError") == 1
     assert page.count("individual_parameters[toy_model-2ranks]") == 1
     assert page.count("bucketed[bucket10mb-2ranks]") == 1
+    assert advice.count("bucketed[bucket100mb-2ranks]") == 1
 
 
 def test_skipped_checks_show_their_reason_and_environment_is_shown(staff):
     reports, _ = staff
     page = (reports / "erin" / "index.html").read_text()
-    skipped = page[page.index("Skipped checks (6)"):]
-    assert skipped.count("skipped: needs a CUDA GPU") == 6
+    memory = page[page.index("Skipped checks (2)"):page.index('<h2 id="advice">')]  # the handout's
+    assert memory.count("skipped: needs a CUDA GPU") == 2
+    timing = page[page.index("Skipped checks (4)"):]  # beyond the handout
+    assert timing.count("skipped: needs a CUDA GPU") == 4
     assert "yes (TRITON_INTERPRET=1" in page and "<dd>cpu</dd>" in page and "<dd>7</dd>" in page
     assert "not scored" in page  # timing, with nothing scorable on a CPU
 
@@ -218,12 +246,15 @@ def test_injected_names_are_escaped_everywhere(tmp_path):
     data = fixture_json("bob")
     data["extra_data"]["student"] = '"><script>alert(1)</script>'
     data["tests"][0]["extra_data"]["heatmap"] = {"tensor": "<b>dq</b>", "values": [[1.0, float("nan")]]}
+    data["tests"][0]["extra_data"]["source"] = "official tests: <script>alert(2)</script>"
+    data["extra_data"]["notes"] = ['pyproject.toml declares "><script>alert(3)</script>']
     (reports / "x&y").mkdir(parents=True)
     (reports / "x&y" / "results.json").write_text(json.dumps(data))
     build_reports(reports)
     for page in (reports / "index.html", reports / "x&y" / "index.html"):
         text = page.read_text()
         assert "<script>alert" not in text and "<b>dq" not in text
+        assert "&lt;script&gt;alert(3)&lt;/script&gt;" in text  # the note, as text (a title on the class page)
     assert 'href="x%26y/index.html"' in (reports / "index.html").read_text()
 
 
@@ -338,3 +369,185 @@ def test_sparse_and_malformed_results_still_render(tmp_path):
     assert "<dd>—</dd>" in page
     rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
     assert rows["min"][1][0]["data-sort"] == "3.0"
+
+
+# --- Where each check's requirement comes from (official tests, handout, beyond the handout) ---
+
+def strip_sources(results: dict) -> dict:
+    """results.json as graders before sources wrote it: no source, advice, precision or notes."""
+    results["extra_data"].pop("notes", None)
+    for part in results["extra_data"]["parts"].values():
+        part.pop("advice_score", None)
+        part.pop("advice_max_score", None)
+    for test in results["tests"]:
+        for key in ("source", "advice", "precision"):
+            test["extra_data"].pop(key, None)
+        test["tags"] = [t for t in test["tags"] if t != "advice"]
+    return results
+
+
+def test_every_check_shows_its_source(staff):
+    reports, _ = staff
+    page = (reports / "bob" / "index.html").read_text()
+    data = fixture_json("bob")
+    # Each failed card names its source once, and again only for a check whose source differs.
+    assert ('<div class="source">source: handout, optimizer_state_sharding: add_param_group may '
+            '&#39;be called during training&#39;</div>') in page
+    advice_failed = page[page.index('<h2 id="advice">'):page.rindex("Passed checks")]
+    # bob's 12 robustness failures are two cards (forward, backward) of six checks sharing a source
+    assert advice_failed.count("source: beyond the handout: odd lengths, odd head dims, 4-D and strided") == 2
+    # Every passed check lists its source under its name.
+    passed = [t for t in data["tests"] if t["status"] == "passed"]
+    for test in passed:
+        at = page.index(f"<code>{test['name']}</code>")
+        assert page.index('<div class="source">source: ', at) < page.index("</li>", at)
+    assert ("source: official tests: test_flash_forward_pass_pytorch (CPU, fp32, B=4, N=128, d=64, "
+            "atol=rtol=1e-2)") in page
+    # Skipped checks too.
+    erin = (reports / "erin" / "index.html").read_text()
+    skipped = erin[erin.index("Skipped checks (4)"):]
+    assert skipped.count("source: beyond the handout: a time budget") == 4
+
+
+def test_advice_checks_have_their_own_section(staff):
+    reports, _ = staff
+    page = (reports / "bob" / "index.html").read_text()
+    requirements, advice = page.split('<h2 id="advice">Advice (beyond the handout)</h2>')
+    assert '<h2 id="requirements">Course requirements</h2>' in requirements
+    assert "What the official tests and the handout ask for: 56 / 58.5 points." in requirements
+    assert ("These checks are best practices the handout does not ask for, worth few points "
+            "(5.6 / 7.3 here).") in advice
+    assert "Parameters added with add_param_group after construction are not sharded" in requirements
+    assert "Parameters added with add_param_group" not in advice
+    assert "The output is wrong in the last, partial query tile" in advice
+    assert "The backward takes 3.2× the reference time" in advice
+    for test in fixture_json("bob")["tests"]:  # each check in the section its source says
+        assert (test["name"] in advice) == test["extra_data"]["advice"] or test["status"] == "failed"
+    # The score table shows each part's requirements with its advice apart.
+    assert '<td class="pts">13 / 13 <span class="muted advice">(+0.7 / 1.9 advice)</span></td>' in page
+    assert '<td class="pts">1.5 / 2 <span class="muted advice">advice</span></td>' in page  # timing: all advice
+    assert '<td class="pts">5 / 5</td>' in page  # memory: no advice
+
+
+def test_tf32_checks_say_so(staff):
+    reports, _ = staff
+    page = (reports / "bob" / "index.html").read_text()
+    at = page.index("<code>bob::flash_triton::forward[fp32-128x128-d64-full]</code>")
+    item = page[page.rindex("<li>", 0, at):page.index("</li>", at)]
+    assert '<span class="badge precision" title="Passed only under the TF32 rule' in item
+    assert ">TF32</span>" in item
+    assert "Passed under the TF32 rule: the kernel computes its fp32 matmuls in TF32" in item
+    assert page.count(">TF32</span>") == 1
+    assert ">TF32</span>" not in (reports / "alice" / "index.html").read_text()
+
+
+def test_notes_are_findings_at_the_top(staff):
+    reports, _ = staff
+    for name in ("dave", "erin"):
+        page = (reports / name / "index.html").read_text()
+        notes = fixture_json(name)["extra_data"]["notes"]
+        for note in notes:
+            banner = f'<div class="banner act note"><strong>Action needed:</strong> {note.replace(chr(39), "&#39;")}</div>'
+            assert banner in page
+            assert page.index(banner) < page.index('<div class="score">')  # near the top
+    assert 'class="banner act' not in (reports / "alice" / "index.html").read_text()
+    dave = (reports / "dave" / "index.html").read_text()
+    assert dave.index("Could not be graded:") < dave.index("Action needed:")
+    # The class page marks submissions with notes, the notes as the marker's title.
+    html = (reports / "index.html").read_text()
+    rows = {a["data-name"]: c for a, c in table_rows(html, "class-table")}
+    assert "⚠ note" in rows["dave"][0][1] and "⚠ notes" in rows["erin"][0][1]
+    assert "⚠" not in rows["alice"][0][1]
+    assert ('<span class="badge note" title="The submission declares jaxtyping (pyproject.toml), which this '
+            'grader&#39;s Python lacks.') in html
+    assert "2 with notes to act on" in html
+
+
+def test_class_table_shows_advice_apart(staff):
+    reports, _ = staff
+    html = (reports / "index.html").read_text()
+    rows = {a["data-name"]: c for a, c in table_rows(html, "class-table")}
+    triton, timing, memory = (2 + PARTS.index(p) for p in ("flash_triton", "timing", "memory"))
+    assert rows["bob"][triton][1] == "13/13(+0.7/1.9 advice)"
+    assert rows["bob"][triton][0]["title"] == "Triton FA2: 92% (requirements 13 / 13, advice 0.7 / 1.9)"
+    assert rows["bob"][triton][0]["data-sort"] == str(round(13.7 / 14.9, 4))  # sorts by the whole part
+    assert rows["bob"][timing][1] == "1.5/2advice"
+    assert rows["bob"][memory][1] == "5/5"
+    assert "then in brackets the advice" in html
+
+
+def test_student_view_splits_only_the_visible_checks(student):
+    page = (student / "bob" / "index.html").read_text()
+    visible = [t for t in fixture_json("bob")["tests"] if t["visibility"] == "visible"]
+    advice = [t for t in visible if t["extra_data"]["advice"]]
+    score = sum(t["score"] for t in advice)
+    max_score = sum(t["max_score"] for t in advice)
+    assert f"worth few points ({score:g} / {max_score:g} here)." in page
+    # Triton FA2's visible advice: inputs_unchanged only (robustness and causal_skips_tiles are hidden).
+    assert '<td class="pts">13 / 13 <span class="muted advice">(+0.25 / 0.25 advice)</span></td>' in page
+
+
+def test_results_without_sources_build_as_before(tmp_path):
+    """Older results.json files have no source, advice, precision, notes or advice shares."""
+    reports = copy_fixtures(tmp_path / "reports")
+    for name in NAMES:
+        path = reports / name / "results.json"
+        path.write_text(json.dumps(strip_sources(json.loads(path.read_text()))))
+    build_reports(reports)
+    subs = {s.name: s for s in load_all(reports)}
+    assert all(not c.source and not c.advice and not c.precision for s in subs.values() for c in s.checks)
+    assert all(s.notes == [] and all(p.advice_score is None for p in s.parts) for s in subs.values())
+    page = (reports / "bob" / "index.html").read_text()
+    for absent in ("Course requirements", "Advice (beyond the handout)", "source: ", ">TF32<",
+                   "Action needed:", "advice)"):
+        assert absent not in page
+    failed_at, passed_at = page.index("<h2>Failed checks (14)</h2>"), page.index("Passed checks (52)")
+    assert failed_at < page.index("<h3>Triton FA2 ", failed_at) < passed_at
+    html = (reports / "index.html").read_text()
+    assert "⚠" not in html and "advice" not in html
+    rows = {a["data-name"]: c for a, c in table_rows(html, "class-table")}
+    assert rows["bob"][2 + PARTS.index("flash_triton")][1] == "13.7/14.9"
+    with open(reports / "grades.csv", newline="") as f:
+        rows = list(csv.DictReader(f))
+    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed", "notes"]
+    assert all(r["notes"] == "" for r in rows)
+
+
+def test_mixed_old_and_new_results_in_one_class(tmp_path):
+    """One submission graded before sources existed: blank advice columns, its page as before."""
+    reports = copy_fixtures(tmp_path / "reports")
+    path = reports / "carol" / "results.json"
+    path.write_text(json.dumps(strip_sources(json.loads(path.read_text()))))
+    build_reports(reports)
+    with open(reports / "grades.csv", newline="") as f:
+        rows = {r["name"]: r for r in csv.DictReader(f)}
+    assert rows["carol"]["flash_triton"] == "12.7"
+    assert rows["carol"]["flash_triton_requirements"] == rows["carol"]["flash_triton_advice"] == ""
+    assert rows["bob"]["flash_triton_advice"] == "0.7"
+    assert "Course requirements" not in (reports / "carol" / "index.html").read_text()
+    assert "Course requirements" in (reports / "bob" / "index.html").read_text()
+
+
+def test_malformed_source_fields_do_not_break_the_page(tmp_path):
+    reports = tmp_path / "reports"
+    (reports / "odd").mkdir(parents=True)
+    (reports / "odd" / "results.json").write_text(json.dumps({"tests": [
+        {"name": "odd::flash_triton::forward[fp32-128x128-d64-full]", "status": "passed", "score": 1,
+         "max_score": 1, "tags": "advice",
+         "extra_data": {"source": ["not", "text"], "advice": "yes", "precision": 32}},
+        {"name": "odd::flash_triton::backward[fp32-128x128-d64-full]", "status": "failed", "output": "dq is wrong.",
+         "tags": ["flash_triton", "advice"], "extra_data": {"source": None}},
+    ], "extra_data": {"notes": {"not": "a list"},
+                      "parts": {"flash_triton": {"score": 1, "max_score": 2, "advice_score": "x",
+                                                 "advice_max_score": None}}}}))
+    build_reports(reports)
+    sub = load_all(reports)[0]
+    assert sub.notes == []
+    first, second = sub.checks
+    assert (first.advice, first.precision) == (False, "32")  # "yes" is not a bool: the source decides
+    assert second.advice is True  # no source, but the plugin's tag
+    assert sub.part("flash_triton").has_advice is False  # advice_max_score unusable: nothing shown apart
+    page = (reports / "odd" / "index.html").read_text()
+    assert "Advice (beyond the handout)" in page and 'title="judged at 32 precision">32</span>' in page
+    csv_text = (reports / "grades.csv").read_text()
+    assert csv_text.splitlines()[0].endswith(",seed,flash_triton_requirements,flash_triton_advice,notes")

@@ -1,0 +1,206 @@
+"""Grade the development corpus (public CS336 assignment-2 repos) as one class, next to the
+course's official attention tests, and print one table: repo | official | course tier | parts.
+
+Prepare here (the corpus is never committed: corpus/ and .whl/ are git-ignored):
+
+    fetch github:<owner>/<name> for each line of ../shared/corpus/repos.txt, then
+    MIRROR=/work/.mirror bash ../shared/corpus/build.sh corpus
+    python bench/grade_corpus.py prepare          # the official tests, the wheels, the old grader
+
+Run on a GPU (the device), from the repository root:
+
+    python bench/grade_corpus.py run --out $OUT [--old] [-k EXPR] [--workers N]
+
+`run` installs the carried wheels (the grader's `course` extra: einops, einx, jaxtyping) with
+pip from disk, runs tests/test_attention.py of stanford-cs336/assignment2-systems in a copy of
+every repo (as `uv run pytest` would: the repo and its path dependencies importable, with
+package metadata), grades the class with the grader (`pytest -n N --impl 'corpus/*'`), with
+--old also with the grader as it was at the commit `prepare` archived, and prints the table.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+CORPUS = ROOT / "corpus"
+OFFICIAL = CORPUS / ".official"  # the course's tests/test_attention.py (hidden from --impl globs)
+OLD_GRADER = CORPUS / ".old-grader"
+WHEELS = ROOT / ".whl"
+COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
+PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
+
+
+def prepare(old_commit: str) -> None:
+    OFFICIAL.mkdir(parents=True, exist_ok=True)
+    test = subprocess.run(["git", "--git-dir", COURSE_REPO, "show", "HEAD:tests/test_attention.py"],
+                          check=True, capture_output=True, text=True).stdout
+    (OFFICIAL / "test_attention.py").write_text(test)
+    shutil.rmtree(OLD_GRADER, ignore_errors=True)
+    OLD_GRADER.mkdir(parents=True)
+    archive = subprocess.run(["git", "-C", str(ROOT), "archive", old_commit], check=True, capture_output=True).stdout
+    subprocess.run(["tar", "-x", "-C", str(OLD_GRADER)], input=archive, check=True)
+    print(f"official tests in {OFFICIAL}, grader {old_commit} in {OLD_GRADER}")
+    print("wheels: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl "
+          "einops einx frozendict wadler-lindig (see /work/.library/device/README.md)")
+
+
+def install_wheels() -> None:
+    wheels = sorted(str(w) for w in WHEELS.glob("*.whl"))
+    if wheels:
+        subprocess.run([sys.executable, "-m", "pip", "install", "-q", "--no-index", "--no-deps", *wheels], check=False)
+
+
+# -- the official tests ------------------------------------------------------------------------
+
+def official_environment(repo: Path, scratch: Path) -> dict:
+    """PYTHONPATH as `uv run` leaves it: the repo, its path dependencies and their metadata."""
+    sys.path.insert(0, str(ROOT))
+    from adapters import course_env
+
+    env_info = course_env.read(repo)
+    site = scratch / "metadata"
+    names = set(env_info.distributions) | {p.name for p in repo.iterdir() if p.is_dir() and p.name.startswith("cs336")}
+    names.add("cs336-systems")
+    for name in names:
+        dist = site / f"{name.replace('-', '_')}-0.0.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
+    path = [str(repo), *env_info.paths, str(site)]
+    return {**os.environ, "PYTHONPATH": os.pathsep.join(path + [os.environ.get("PYTHONPATH", "")]),
+            "PYTHONDONTWRITEBYTECODE": "1"}
+
+
+def official_tests(repo: Path, timeout: int) -> dict:
+    """Run the course's test_attention.py in a copy of `repo`: {test name: outcome}."""
+    scratch = Path(tempfile.mkdtemp(prefix=f"official-{repo.name}-"))
+    copy = scratch / repo.name
+    shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
+    (copy / "tests").mkdir(exist_ok=True)
+    (copy / "tests" / "__init__.py").touch()
+    shutil.copyfile(OFFICIAL / "test_attention.py", copy / "tests" / "test_official_attention.py")
+    xml = scratch / "junit.xml"
+    command = [sys.executable, "-m", "pytest", "tests/test_official_attention.py", "-q", "-p", "no:cacheprovider",
+               "-o", "addopts=", f"--junitxml={xml}", "--rootdir", str(copy)]
+    try:
+        proc = subprocess.run(command, cwd=copy, env=official_environment(copy, scratch), capture_output=True,
+                              text=True, timeout=timeout)
+        log = proc.stdout[-3000:] + proc.stderr[-2000:]
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {timeout} s"}
+    if not xml.exists():
+        return {"error": log.strip().splitlines()[-1] if log.strip() else "no result"}
+    outcomes = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        name = case.get("name")
+        outcome = "passed"
+        for child in case:
+            if child.tag in ("failure", "error"):
+                outcome = "failed"
+            elif child.tag == "skipped":
+                outcome = "skipped"
+        outcomes[name] = outcome
+    if not outcomes:  # collection failed: the import of the adapters, say
+        outcomes["error"] = log.strip().splitlines()[-1] if log.strip() else "collection failed"
+    shutil.rmtree(scratch, ignore_errors=True)
+    return outcomes
+
+
+# -- grading and the table -----------------------------------------------------------------------
+
+def grade(grader: Path, reports: Path, workers: int, select: str, log: Path) -> float:
+    start = time.monotonic()
+    command = [sys.executable, "-m", "pytest", "-n", str(workers), f"--impl={CORPUS}/*", f"--reports={reports}",
+               "-p", "no:cacheprovider", "-q", "-k", select]
+    with log.open("w") as out:
+        subprocess.run(command, cwd=grader, stdout=out, stderr=subprocess.STDOUT)
+    return time.monotonic() - start
+
+
+def summarize(reports: Path) -> dict:
+    """Per repo: import problem, course tier passed / graded per slot, score / max per part."""
+    rows = {}
+    for results in sorted(reports.glob("*/results.json")):
+        data = json.loads(results.read_text())
+        tests = data.get("tests", [])
+        parts = data.get("extra_data", {}).get("parts", {})
+        course = {}
+        for slot in ("flash_pytorch", "flash_triton"):
+            mine = [t for t in tests if t["extra_data"].get("part") == slot and t["extra_data"].get("tier") == "course"]
+            course[slot] = (sum(t["status"] == "passed" for t in mine), len(mine))
+        rows[results.parent.name] = {
+            "ungradable": data.get("extra_data", {}).get("ungradable"),
+            "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
+            "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
+            "tf32": sum(t["extra_data"].get("precision") == "tf32" for t in tests),
+            "failed": [t["name"].split("::", 1)[1] for t in tests if t["status"] == "failed"],
+        }
+    return rows
+
+
+def table(official: dict, graded: dict, old: dict | None) -> str:
+    lines = ["| repo | official attention tests | course tier (PyTorch; Triton) | " +
+             ("old grader course tier | old score | " if old else "") + "score | " + " | ".join(PARTS) + " |",
+             "|---" * (4 + len(PARTS) + (2 if old else 0)) + "|"]
+    for name in sorted(set(official) | set(graded)):
+        outcomes = official.get(name, {})
+        passed = sum(o == "passed" for n, o in outcomes.items() if n != "error")
+        ran = sum(o != "skipped" for n, o in outcomes.items() if n != "error")
+        cell = f"{passed}/{ran}" if ran else outcomes.get("error", "-")[:60]
+        row = graded.get(name, {})
+        course = "; ".join(f"{p}/{n}" for p, n in row.get("course", {}).values()) or "-"
+        if row.get("ungradable"):
+            course = "ungradable: " + row["ungradable"][:80]
+        parts = " | ".join("{:g}/{:g}".format(*row["parts"][p]) if p in row.get("parts", {}) else "-" for p in PARTS)
+        before = ""
+        if old:
+            o = old.get(name, {})
+            before = ("; ".join(f"{p}/{n}" for p, n in o.get("course", {}).values()) or "-") + \
+                     (" (ungradable)" if o.get("ungradable") else "") + f" | {o.get('score', '-')} | "
+        lines.append(f"| {name} | {cell} | {course} | {before}{row.get('score', '-')}/{row.get('max_score', '-')} | {parts} |")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("action", choices=["prepare", "run", "table"])
+    parser.add_argument("--out", type=Path, default=Path("corpus-results"))
+    parser.add_argument("--old", action="store_true", help="also grade with the archived old grader")
+    parser.add_argument("--old-commit", default="HEAD", help="for prepare: the grader commit to archive")
+    parser.add_argument("-k", dest="select", default="not test_budget",
+                        help="pytest -k for the grading runs (default: all but the timing budgets)")
+    parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
+    parser.add_argument("--official-timeout", type=int, default=600)
+    args = parser.parse_args()
+    if args.action == "prepare":
+        return prepare(args.old_commit)
+    args.out.mkdir(parents=True, exist_ok=True)
+    if args.action == "run":
+        install_wheels()
+        repos = sorted(p for p in CORPUS.iterdir() if p.is_dir() and not p.name.startswith("."))
+        print(f"official attention tests on {len(repos)} repos ...", flush=True)
+        with ThreadPoolExecutor(max_workers=4) as pool:
+            official = dict(zip((r.name for r in repos), pool.map(lambda r: official_tests(r, args.official_timeout), repos)))
+        (args.out / "official.json").write_text(json.dumps(official, indent=1))
+        print(f"grading {len(repos)} repos with -n {args.workers} ...", flush=True)
+        seconds = grade(ROOT, args.out / "reports", args.workers, args.select, args.out / "grader.log")
+        print(f"graded in {seconds:.0f} s", flush=True)
+        if args.old:
+            seconds = grade(OLD_GRADER, args.out / "reports-old", args.workers, args.select, args.out / "grader-old.log")
+            print(f"old grader: {seconds:.0f} s", flush=True)
+    official = json.loads((args.out / "official.json").read_text())
+    graded = summarize(args.out / "reports")
+    old = summarize(args.out / "reports-old") if (args.out / "reports-old").exists() else None
+    (args.out / "summary.json").write_text(json.dumps({"official": official, "graded": graded, "old": old}, indent=1))
+    print(table(official, graded, old))
+
+
+if __name__ == "__main__":
+    main()
