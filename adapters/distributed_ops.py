@@ -28,11 +28,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference.toy_models import ToyModel, ToyModelWithTiedWeights, UnevenModel
+from reference.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "uneven": UnevenModel}
-FEATURES = {"toy": (10, 5), "tied": (10, 5), "uneven": (16, 4)}  # (in, out)
+MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel, "uneven": UnevenModel}
+FEATURES = {"toy": (10, 5), "tied": (10, 5), "buffered": (10, 5), "uneven": (16, 4)}  # (in, out)
 
 DDP_FLAVOURS = {
     # flavour: (wrap, on_after_backward, on_train_batch_start or None)
@@ -236,7 +236,8 @@ def named(container, reference: dict, kind: str = "parameters") -> dict:
 def ddp_rank(rank: int, world_size: int, spec: dict) -> dict:
     """Train spec["models"] through the flavour's adapters on this rank's slice of each batch.
 
-    Per model: the parameters and buffers right after wrapping, the gradients after the first
+    Per model: the parameters and buffers right after wrapping, the buffers after the first
+    forward (a wrapper may sync them there, as torch's DDP does), the gradients after the first
     step's synchronisation, the final parameters, and the collective log.
     """
     RECORDER.install()  # before the submission is imported, so `from torch.distributed import ...` sees it
@@ -266,6 +267,8 @@ def ddp_rank(rank: int, world_size: int, spec: dict) -> dict:
             RECORDER.phase = "forward"
             optimizer.zero_grad()
             out = calls.run("the wrapper's forward", ddp_model, x[step, rows])
+            if step == 0 and bare_buffers:
+                result["buffers1"] = named(ddp_model, bare_buffers, "buffers")
             loss = F.mse_loss(out, y[step, rows])
             RECORDER.phase = "backward"
             calls.run("loss.backward()", loss.backward)
@@ -294,10 +297,12 @@ def named_refs(container, reference: dict) -> dict:
 
 # -- sharded optimizer ------------------------------------------------------------------------
 
-def state_numel(optimizer) -> int:
-    """Optimizer-state elements held by `optimizer` and by any torch Optimizer reachable from
-    its attributes (two levels deep, through lists, tuples and dicts), each tensor once."""
-    seen_optimizers, seen_tensors, total = set(), set(), 0
+def state_held(optimizer) -> tuple:
+    """(elements, parameters) of optimizer state held by `optimizer` and by any torch Optimizer
+    reachable from its attributes (two levels deep, through lists, tuples and dicts): the
+    elements of its state tensors, each tensor once, and how many parameters (state keys, each
+    once) have state holding at least one tensor."""
+    seen_optimizers, seen_tensors, seen_keys, total = set(), set(), set(), 0
 
     def children(obj):
         if isinstance(obj, dict):
@@ -315,10 +320,13 @@ def state_numel(optimizer) -> int:
         nonlocal total
         if isinstance(obj, torch.optim.Optimizer) and id(obj) not in seen_optimizers:
             seen_optimizers.add(id(obj))
-            for state in obj.state.values():
-                values = state.values() if isinstance(state, dict) else [state]
-                for t in values:
-                    if isinstance(t, torch.Tensor) and id(t) not in seen_tensors:
+            for key, state in obj.state.items():
+                values = list(state.values()) if isinstance(state, dict) else [state]
+                tensors = [t for t in values if isinstance(t, torch.Tensor)]
+                if tensors:
+                    seen_keys.add(id(key) if isinstance(key, torch.Tensor) else (id(obj), key))
+                for t in tensors:
+                    if id(t) not in seen_tensors:
                         seen_tensors.add(id(t))
                         total += t.numel()
         if depth < 3:  # attributes, then the lists and dicts they hold, then one more
@@ -327,12 +335,13 @@ def state_numel(optimizer) -> int:
                     visit(child, depth + 1)
 
     visit(optimizer, 0)
-    return total
+    return total, len(seen_keys)
 
 
 def sharded_rank(rank: int, world_size: int, spec: dict) -> dict:
     """Each scenario: every rank builds the same model and trains it on the same batches with
-    get_sharded_optimizer. Returns the final parameters and this rank's optimizer-state size."""
+    get_sharded_optimizer. Returns the final parameters and this rank's optimizer state: its
+    elements and the number of parameters that have some."""
     RECORDER.install()
     calls = Calls(load_submission(spec))
     scenarios = {s["name"]: s for s in spec["scenarios"]}
@@ -361,8 +370,9 @@ def sharded_rank(rank: int, world_size: int, spec: dict) -> dict:
             RECORDER.phase = "step"
             calls.run("the optimizer's step", optimizer.step)
         RECORDER.phase = "done"
+        numel, held = state_held(optimizer)
         result.update(final={n: p.detach().clone() for n, p in model.named_parameters()},
-                      state_numel=state_numel(optimizer))
+                      state_numel=numel, state_params=held)
 
     return run_scenarios(list(scenarios), train)
 

@@ -4,13 +4,20 @@ Each one exists to exercise a specific way a data-parallel wrapper can go wrong:
 
 - ToyModel: the course's plain MLP. If this fails, nothing else matters.
 - ToyModelWithTiedWeights: one Parameter used by two modules (must be all-reduced once, not
-  twice), a frozen Parameter (requires_grad=False: no grad, no hook, but still broadcast), and
-  a randomly initialised buffer (must be broadcast too, or ranks compute different outputs).
-- UnevenModel: parameters of very different sizes, in an order where naive round-robin
-  sharding puts almost everything on rank 0; only numel-aware balancing passes.
+  twice), a frozen Parameter (requires_grad=False: no grad, no hook, but still broadcast: it is
+  a weight), and a buffer used in forward. The buffer comes from a fixed generator, so it is
+  the same on every rank whatever the seed: a wrapper that broadcasts the weights (what the
+  handout asks) and not the buffers still trains this model right.
+- BufferedModel: the course's MLP plus a buffer drawn from the global RNG, so ranks seeded
+  differently disagree on it until the wrapper broadcasts buffers too (beyond the handout,
+  which names the weights only; BatchNorm statistics and random buffers need it).
+- UnevenModel: parameters of very different sizes, in an order where round-robin sharding by
+  count puts almost all the state on rank 0. That meets the handout (about 1/world_size of the
+  parameters); only numel-aware balancing passes the advice check state_balanced.
 
-All take (in_features, out_features) like the course's models, and every random number comes
-from torch's global RNG, so `torch.manual_seed(s)` before construction fixes the weights.
+All take (in_features, out_features) like the course's models, and every random number but
+the tied model's buffer comes from torch's global RNG, so `torch.manual_seed(s)` before
+construction fixes the weights.
 """
 import torch
 from torch import nn
@@ -44,8 +51,10 @@ class ToyModelWithTiedWeights(nn.Module):
         self.fc4.weight = self.fc2.weight
         # Frozen but used in forward: it must match across ranks (broadcast) yet gets no grad.
         self.frozen_scale = nn.Parameter(torch.rand(10) + 0.5, requires_grad=False)
-        # Random on purpose, so ranks seeded differently disagree until the wrapper broadcasts.
-        self.register_buffer("input_shift", 0.1 * torch.randn(in_features))
+        # Used in forward, equal on every rank (a fixed generator, not the global RNG): the
+        # handout asks DDP to broadcast the weights, not buffers (BufferedModel checks those).
+        fixed = torch.Generator().manual_seed(20250)
+        self.register_buffer("input_shift", 0.1 * torch.randn(in_features, generator=fixed))
 
     def forward(self, x):
         x = self.relu(self.fc1(x + self.input_shift)) * self.frozen_scale
@@ -55,11 +64,22 @@ class ToyModelWithTiedWeights(nn.Module):
         return self.fc5(x)
 
 
+class BufferedModel(ToyModel):
+    """ToyModel with a random buffer used in forward: seeded differently, ranks disagree on it."""
+
+    def __init__(self, in_features: int = 10, out_features: int = 5):
+        super().__init__(in_features, out_features)
+        self.register_buffer("input_shift", 0.1 * torch.randn(in_features))
+
+    def forward(self, x):
+        return super().forward(x + self.input_shift)
+
+
 class UnevenModel(nn.Module):
     """Parameter numels, in parameters() order: 1024, 64, 2048, 32, 2048, 64, 256, 4.
 
-    Round-robin puts every weight on rank 0 (5376 of 5540 elements); greedy numel
-    balancing gets 3072 / 2468.
+    Round-robin by count puts every weight on rank 0 (5376 of 5540 elements, 4 of 8
+    parameters); greedy numel balancing gets 3072 / 2468 (2 and 6 parameters).
     """
 
     def __init__(self, in_features: int = 16, out_features: int = 4):

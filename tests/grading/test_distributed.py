@@ -1,20 +1,28 @@
 """DDP and sharded-optimizer checks, on 2 gloo ranks on the CPU.
 
 The runner spawns the ranks (adapters.distributed_ops) and sends back what each one held: the
-parameters right after wrapping, the gradients after the first step's synchronisation, the
-final parameters, the optimizer-state size and a log of the collectives with the phase of the
-training step they were issued in. This process trains the same models on the same batches in
-one process with plain torch optimizers and judges.
+parameters and buffers right after wrapping, the gradients after the first step's
+synchronisation, the final parameters, the optimizer state (elements, and how many parameters
+have some) and a log of the collectives with the phase of the training step they were issued
+in. This process trains the same models on the same batches in one process with plain torch
+optimizers and judges.
 
 The data-parallel argument: the loss is a mean over equal slices, so the average of the ranks'
 gradients is the full-batch gradient, and a DDP run started from rank 0's weights must end
 where one process trained on the whole batch ends. A sharded optimizer must end where the
-unsharded optimizer ends, with every rank holding about 1/world_size of its state.
+unsharded optimizer ends, with every rank handling about 1/world_size of the parameters.
 
-One spawn per DDP flavour (both models) and one for every sharded scenario, shared between
+What the handout does not ask is advice, in checks of its own that no requirement's check
+depends on: ddp::buffers (buffers broadcast too: the handout names the weights, and the models
+of ddp::equivalence have buffers equal on every rank) and sharded_optimizer::state_balanced
+(shards balanced by numel: the handout asks for about 1/world_size of the parameters, which
+round-robin by count gives).
+
+One spawn per DDP flavour (all its models) and one for every sharded scenario, shared between
 the checks through grading.call_cached.
 """
 import contextlib
+import math
 import re
 
 import pytest
@@ -26,7 +34,8 @@ from adapters.distributed_ops import DDP_FLAVOURS, build_model, make_batches
 WORLD_SIZE = 2
 ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
 
-DDP_MODELS = ("toy", "tied")
+DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
+BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn
 DDP_STEPS, DDP_BATCH, DDP_LR = 5, 8, 0.1  # the global batch; each rank gets DDP_BATCH // WORLD_SIZE rows
 BUCKET_SIZE_MB = 0.001  # ~1 KB: the toy model's 5 parameters land in 4 buckets, some shared
 FLAVOURS = tuple(DDP_FLAVOURS)  # ddp (2026), individual and bucketed (2025)
@@ -53,7 +62,7 @@ def distributed_call(grading, submission, kind, spec, what):
 
 
 def ddp_run(grading, submission, flavour):
-    spec = {"flavour": flavour, "models": list(DDP_MODELS), "model_seed": grading.seed,
+    spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": grading.seed,
             "data_seed": grading.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,
             "bucket_size_mb": BUCKET_SIZE_MB}
     return distributed_call(grading, submission, "ddp", spec, f"DDP {flavour}, {WORLD_SIZE} gloo ranks")
@@ -224,10 +233,12 @@ def explain_ddp(grading, flavour, model_name, ranks, tensors):
     for r in range(1, len(ranks)):
         initial = pick(tensors, model_name, r, "initial")
         buffers = pick(tensors, model_name, r, "buffers")
-        if any(not close(initial[n], start[n]) for n in start) or \
-                any(n in buffers and not close(buffers[n], b) for n, b in start_buffers.items()):
-            return (f"rank {r} did not start from rank 0's parameters and buffers (see ddp::broadcast), "
+        if any(not close(initial[n], start[n]) for n in start):
+            return (f"rank {r} did not start from rank 0's parameters (see ddp::broadcast), "
                     f"so the ranks trained different models.")
+        if changed := [n for n, b in start_buffers.items() if n in buffers and not close(buffers[n], b)]:
+            return (f"after wrapping, rank {r}'s buffer {names(changed)} differs from rank 0's although it is "
+                    f"the same on every rank at construction: the wrapper changed it.")
 
     full = first_step_grads(model_name, seed, data_seed)
     shared = shared_parameters(build_model(model_name, seed))
@@ -305,7 +316,7 @@ def test_ddp_equivalence(grading, submission, check, flavour, model_name):
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_ddp_broadcast(grading, submission, check, flavour):
-    """Right after wrapping, every rank holds rank 0's initial parameters and buffers."""
+    """Right after wrapping, every rank holds rank 0's initial parameters, frozen ones included."""
     c = check("ddp", "broadcast", flavour)
     gate_flavour(c, grading, submission, flavour)
     reply, tensors = ddp_run(grading, submission, flavour)
@@ -317,16 +328,12 @@ def test_ddp_broadcast(grading, submission, check, flavour):
             unchecked.append(model_name)  # failed before wrapping returned, or did not run
             continue
         checked.append(model_name)
-        rank0 = build_model(model_name, grading.seed)
-        want = {n: p.detach() for n, p in rank0.named_parameters()}
-        want_buffers = dict(rank0.named_buffers())
+        want = {n: p.detach() for n, p in build_model(model_name, grading.seed).named_parameters()}
         for r in range(len(ranks)):
-            own = build_model(model_name, grading.seed + r)
-            own_params = dict(own.named_parameters())
-            got, got_buffers = pick(tensors, model_name, r, "initial"), pick(tensors, model_name, r, "buffers")
+            own_params = dict(build_model(model_name, grading.seed + r).named_parameters())
+            got = pick(tensors, model_name, r, "initial")
             bad = [n for n in want if not close(got[n], want[n])]
-            bad_buffers = [n for n in want_buffers if n in got_buffers and not close(got_buffers[n], want_buffers[n])]
-            if not bad and not bad_buffers:
+            if not bad:
                 continue
             kept = [n for n in bad if close(got[n], own_params[n])]
             if r == 0:
@@ -340,16 +347,68 @@ def test_ddp_broadcast(grading, submission, check, flavour):
                 hint = ("frozen parameters (requires_grad=False) are used in forward and must be broadcast too"
                         if len(frozen) == len(kept) else "every parameter must be broadcast from rank 0")
                 c.fail(f"rank {r} kept its own initial {names(kept)} ({model_name} model): {hint}.")
-            if bad:
-                c.fail(f"after wrapping, rank {r}'s {names(bad)} match neither rank 0's initial values nor "
-                       f"its own ({model_name} model).")
-            c.fail(f"rank {r} kept its own buffer {names(bad_buffers)} ({model_name} model): buffers are not "
-                   f"broadcast from rank 0, so the ranks compute different forwards.")
+            c.fail(f"after wrapping, rank {r}'s {names(bad)} match neither rank 0's initial values nor "
+                   f"its own ({model_name} model).")
     if not checked:
         settle_scenario(c, reply, DDP_MODELS[0], ddp_labels(flavour))
-    note = f"every rank holds rank 0's initial parameters and buffers after wrapping ({' and '.join(checked)} model)"
+    note = (f"every rank holds rank 0's initial parameters, frozen ones included, after wrapping "
+            f"({' and '.join(checked)} model)")
     c.ok(note + "".join(f"; the {m} model was not checked: its run stopped before wrapping returned"
                         for m in unchecked))
+
+
+def judge_buffers(want: dict, got: list, later: list, own: list):
+    """(failure sentence or None, note, evidence) for ddp::buffers. want: rank 0's buffers at
+    construction; per rank: its buffers right after wrapping, after the first forward ({} if
+    not recorded) and at its own construction."""
+    evidence = "; ".join(
+        f"{n} after wrapping, max difference from rank 0's initial value: "
+        + ", ".join(f"rank {r}: {max_diff(got[r], {n: b})[0]:.2g}" for r in range(len(got)))
+        + " (at construction: " + ", ".join(f"rank {r}: {max_diff(own[r], {n: b})[0]:.2g}" for r in range(len(got)))
+        + ")" for n, b in want.items())
+    at_forward = []
+    for r in range(len(got)):
+        bad = [n for n in want if not close(got[r][n], want[n])]
+        if not bad:
+            continue
+        if r == 0:
+            return (f"rank 0's buffers {names(bad)} changed when wrapping: the broadcast must send rank 0's "
+                    f"values (src=0)."), "", evidence
+        if later[r] and all(close(later[r][n], want[n]) for n in want):
+            at_forward.append(r)  # synchronised in the first forward, as torch's DDP does
+            continue
+        if kept := [n for n in bad if close(got[r][n], own[r][n])]:
+            return (f"rank {r} kept its own buffer {names(kept)}: buffers are not broadcast from rank 0. The "
+                    f"handout asks for the weights only, so this is advice: with buffers that differ across "
+                    f"ranks (BatchNorm statistics, random buffers) the ranks compute different forwards."), "", evidence
+        return (f"after wrapping, rank {r}'s buffer {names(bad)} matches neither rank 0's initial value nor its "
+                f"own."), "", evidence
+    when = (f"after the first forward (rank {', '.join(map(str, at_forward))} still had its own right after "
+            f"wrapping)" if at_forward else "right after wrapping")
+    which = f"buffer {names(want)}, which differs" if len(want) == 1 else f"buffers {names(want)}, which differ"
+    return None, f"every rank holds rank 0's {which} across ranks at construction, {when}", evidence
+
+
+@pytest.mark.parametrize("flavour", FLAVOURS)
+def test_ddp_buffers(grading, submission, check, flavour):
+    """Beyond the handout (advice): buffers that differ across ranks at construction hold rank 0's
+    values after wrapping (or, as torch's DDP does it, from the first forward on)."""
+    c = check("ddp", "buffers", flavour)
+    gate_flavour(c, grading, submission, flavour)
+    reply, tensors = ddp_run(grading, submission, flavour)
+    c.settle_reply(reply)
+    ranks = reply.result["scenarios"].get(BUFFERED_MODEL)
+    if not ranks or any(not pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))):
+        settle_scenario(c, reply, BUFFERED_MODEL, ddp_labels(flavour))  # failed before wrapping returned
+        c.fail(f"the {BUFFERED_MODEL} model's buffers could not be read after wrapping.", outcome="error")
+    sentence, note, evidence = judge_buffers(
+        dict(build_model(BUFFERED_MODEL, grading.seed).named_buffers()),
+        [pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))],
+        [pick(tensors, BUFFERED_MODEL, r, "buffers1") for r in range(len(ranks))],
+        [dict(build_model(BUFFERED_MODEL, grading.seed + r).named_buffers()) for r in range(len(ranks))])
+    if sentence:
+        c.fail(sentence, evidence)
+    c.ok(f"{note} ({BUFFERED_MODEL} model)")
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
@@ -457,31 +516,91 @@ def test_sharded_add_param_group(grading, submission, check):
     c.ok(judge_sharded(c, grading, submission, "adamw-add-group"))
 
 
+def state_split(grading, ranks):
+    """What the unsharded AdamW holds and what each rank holds: (parameters with state, their
+    state elements, the largest parameter's elements, per rank: parameters, per rank: elements)."""
+    _, full = train_unsharded(grading, "adamw")
+    per_param = [sum(v.numel() for v in s.values() if torch.is_tensor(v)) for s in full.state.values()]
+    return (len(per_param), sum(per_param), max(per_param),
+            [s.get("state_params", 0) for s in ranks], [s["state_numel"] for s in ranks])
+
+
+def balanced_bound(total: int, largest: int, world_size: int) -> int:
+    """State elements a rank may hold when parameters are shared out by size: 1/world_size of
+    the total, plus the largest parameter's state (a parameter is not split), plus slack."""
+    return total // world_size + largest + STATE_SLACK
+
+
+def judge_state_sharded(count: int, total: int, largest: int, params: list, held: list):
+    """(failure sentence or None, evidence) for state_sharded: per rank, `params` parameters with
+    optimizer state and `held` state elements, of `count` and `total` unsharded. A rank may hold
+    about 1/world_size of the parameters by count (round-robin) or by size (numel-balanced):
+    it fails only when it holds more by both measures, or all of them."""
+    world_size = len(held)
+    allowed, bound = math.ceil(count / world_size) + 1, balanced_bound(total, largest, world_size)
+    evidence = (f"parameters with optimizer state per rank: {params} of {count} (about 1/{world_size} by count: "
+                f"at most {allowed}); optimizer-state elements per rank: {held} of {total} (about 1/{world_size} "
+                f"by size: at most {bound})")
+    if all(h == 0 for h in held):
+        return ("no optimizer state was found on any rank: the check counts the .state of the returned "
+                "optimizer and of torch.optim.Optimizer objects held in its attributes."), evidence
+    if all(h >= total for h in held):
+        return (f"every rank holds the full optimizer state ({held[0]} elements of {total}): state is not "
+                f"sharded."), evidence
+    if empty := [r for r, h in enumerate(held) if h == 0]:
+        return (f"rank {empty[0]} holds no optimizer state while rank {held.index(max(held))} holds {max(held)} "
+                f"of {total}: the parameters are not shared out between the ranks."), evidence
+    if over := [r for r, (k, h) in enumerate(zip(params, held)) if k >= count or (k > allowed and h > bound)]:
+        r = over[0]
+        return (f"rank {r}'s optimizer holds state for {params[r]} of the {count} parameters ({held[r]} of {total} "
+                f"elements), more than about 1/{world_size} of them by count or by size: each rank must handle "
+                f"only its own subset."), evidence
+    return None, evidence
+
+
+def judge_state_balanced(count: int, total: int, largest: int, params: list, held: list):
+    """(failure sentence or None, evidence) for state_balanced: no rank holds more than
+    total/world_size + the largest parameter's state + STATE_SLACK elements."""
+    bound = balanced_bound(total, largest, len(held))
+    evidence = (f"optimizer-state elements per rank: {held}; unsharded AdamW holds {total}, largest parameter's "
+                f"share {largest}, allowed per rank {bound}; parameters with state per rank: {params} of {count}")
+    if all(h == 0 for h in held):
+        return "no optimizer state was found on any rank, so its balance cannot be judged (see state_sharded).", \
+            evidence
+    if all(h >= total for h in held):
+        return "every rank holds the full optimizer state: there is no split to balance (see state_sharded).", \
+            evidence
+    if over := [r for r, h in enumerate(held) if h > bound]:
+        r = over[0]
+        return (f"assign parameters by size (numel), not by count: rank {r} holds {held[r]} of {total} "
+                f"optimizer-state elements, more than the {bound} a balanced split allows (1/{len(held)} plus "
+                f"the largest parameter's state); the handout asks only for about 1/world_size of the "
+                f"parameters, so this is advice."), evidence
+    return None, evidence
+
+
 def test_sharded_state(grading, submission, check):
-    """Each rank holds at most half the AdamW state plus the largest parameter's, and some."""
+    """Each rank's optimizer handles a non-empty part of the parameters, about 1/world_size of
+    them by count or by size (the handout: 'a subset of the parameters (approximately
+    1 / world_size)'): round-robin by count passes, and so does balancing by numel."""
     c = check("sharded_optimizer", "state_sharded", "adamw")
     gate_sharded(c, grading, submission)
     reply, _ = sharded_run(grading, submission)
     ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
-    _, full = train_unsharded(grading, "adamw")
-    per_param = [sum(v.numel() for v in s.values() if torch.is_tensor(v)) for s in full.state.values()]
-    total, largest = sum(per_param), max(per_param)
-    bound = total // WORLD_SIZE + largest + STATE_SLACK
-    held = [s["state_numel"] for s in ranks]
-    evidence = (f"optimizer-state elements per rank: {held}; unsharded AdamW holds {total}, largest parameter's "
-                f"share {largest}, allowed per rank {bound}")
-    if all(h == 0 for h in held):
-        c.fail("no optimizer state was found on any rank: the check counts the .state of the returned "
-               "optimizer and of torch.optim.Optimizer objects held in its attributes.", evidence)
-    if all(h >= total for h in held):
-        c.fail(f"every rank holds the full optimizer state ({held[0]} elements of {total}): state is not sharded.",
-               evidence)
-    if empty := [r for r, h in enumerate(held) if h == 0]:
-        c.fail(f"rank {empty[0]} holds no optimizer state while rank {held.index(max(held))} holds {max(held)} of "
-               f"{total}: the parameters are not shared out between the ranks.", evidence)
-    if over := [r for r, h in enumerate(held) if h > bound]:
-        r = over[0]
-        c.fail(f"rank {r} holds {held[r]} of {total} optimizer-state elements, more than the {bound} a balanced "
-               f"split allows (1/{WORLD_SIZE} plus the largest parameter's state): assign parameters by size "
-               f"(numel), not by count.", evidence)
+    sentence, evidence = judge_state_sharded(*state_split(grading, ranks))
+    if sentence:
+        c.fail(sentence, evidence)
+    c.ok(evidence)
+
+
+def test_sharded_balanced(grading, submission, check):
+    """Beyond the handout (advice): each rank holds at most 1/world_size of the AdamW state plus
+    the largest parameter's, and some: shards balanced by size (numel), not by count."""
+    c = check("sharded_optimizer", "state_balanced", "adamw")
+    gate_sharded(c, grading, submission)
+    reply, _ = sharded_run(grading, submission)
+    ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
+    sentence, evidence = judge_state_balanced(*state_split(grading, ranks))
+    if sentence:
+        c.fail(sentence, evidence)
     c.ok(evidence)

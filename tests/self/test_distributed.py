@@ -6,16 +6,21 @@ end where a single process trained on the concatenated batch ends.
 
 Spawning ranks costs a few seconds, so each flavour spawns once (module-scoped fixture) and
 runs all its scenarios; the test functions only compare the returned snapshots.
+
+At the end, the grader's judgments of what the handout asks and what is advice beyond it
+(ddp::buffers, sharded_optimizer::state_sharded and state_balanced) on hand-made evidence.
 """
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from adapters.distributed_ops import state_held
 from reference import ddp
 from reference.distributed_testing import run_on_ranks
 from reference.sharded_optimizer import ShardedOptimizer, state_numel
-from reference.toy_models import ToyModel, ToyModelWithTiedWeights, UnevenModel
+from reference.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from tests.grading.test_distributed import judge_buffers, judge_state_balanced, judge_state_sharded
 
 WORLD_SIZE = 2
 SEED = 0
@@ -26,7 +31,7 @@ SEED = 0
 
 DDP_STEPS = 5
 LOCAL_BATCH = 4
-DDP_MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights}
+DDP_MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel}
 # One bucket for everything; a few mixed buckets (~1 KB); and a limit every parameter exceeds.
 BUCKET_SIZES_MB = [None, 0.001, 1e-6]
 FLAVOURS = {
@@ -152,9 +157,11 @@ def test_ddp_broadcasts_rank0_parameters_and_buffers(ddp_run):
     flavour, _, _, ranks = ddp_run
     for scenario in _scenarios(flavour):
         r0, r1 = ranks[0][scenario], ranks[1][scenario]
-        # Seeded differently, the ranks start out different (buffer and frozen param included)...
+        # Seeded differently, the ranks start out different (frozen param and the buffered model's
+        # buffer included; the tied model's buffer comes from a fixed generator, equal everywhere)...
         for key in r0["before"]:
-            assert not torch.equal(r0["before"][key], r1["before"][key]), (scenario, key)
+            same = scenario[0] == "tied" and key == "input_shift"
+            assert torch.equal(r0["before"][key], r1["before"][key]) == same, (scenario, key)
         # ...and wrapping makes every entry of the state dict equal to rank 0's.
         for key in r0["before"]:
             assert torch.equal(r1["after_wrap"][key], r0["before"][key]), (scenario, key)
@@ -249,7 +256,7 @@ def _sharded_worker(rank, world_size, x, y):
     for scenario in SHARDED_SCENARIOS:
         model, optimizer = _train_uneven(scenario, x, y, sharded=True)
         results[scenario] = {"final": _snapshot(model), "state_numel": state_numel(optimizer),
-                             "numel_per_rank": optimizer.numel_per_rank}
+                             "numel_per_rank": optimizer.numel_per_rank, "state_held": state_held(optimizer)}
     return results
 
 
@@ -286,3 +293,79 @@ def test_sharded_optimizer_state_is_partitioned(sharded_run, scenario):
         assert 0 < h <= total / WORLD_SIZE + largest, (held, total, largest)
     # All ranks computed the same owner assignment: same per-rank numel tallies.
     assert ranks[0][scenario]["numel_per_rank"] == ranks[1][scenario]["numel_per_rank"]
+    # The grader's count (adapters.distributed_ops.state_held) sees the same elements, and each
+    # parameter with state on exactly one rank.
+    assert [res[scenario]["state_held"][0] for res in ranks] == held
+    assert sum(res[scenario]["state_held"][1] for res in ranks) == len(full.state)
+
+
+# ---------------------------------------------------------------------------------------------
+# The grader's judgments: the handout's requirement and the advice beyond it, kept apart.
+# ---------------------------------------------------------------------------------------------
+
+def test_tied_model_buffer_is_equal_on_every_rank_and_buffered_model_differs():
+    """ddp::equivalence trains the tied model: its buffer must not depend on the rank's seed."""
+    def build(cls, seed):
+        torch.manual_seed(seed)
+        return cls()
+    a, b = build(ToyModelWithTiedWeights, 0), build(ToyModelWithTiedWeights, 1)
+    assert torch.equal(a.input_shift, b.input_shift)
+    assert not torch.equal(a.frozen_scale, b.frozen_scale)  # a weight: ddp::broadcast judges it
+    assert not torch.equal(build(BufferedModel, 0).input_shift, build(BufferedModel, 1).input_shift)
+
+
+def test_judge_buffers():
+    mine, theirs = {"input_shift": torch.zeros(3)}, {"input_shift": torch.ones(3)}
+    own = [mine, theirs]
+    sentence, _, _ = judge_buffers(mine, [mine, mine], [mine, mine], own)
+    assert sentence is None
+    sentence, note, _ = judge_buffers(mine, [mine, theirs], [mine, mine], own)  # torch DDP: at forward
+    assert sentence is None and "after the first forward" in note
+    sentence, _, evidence = judge_buffers(mine, [mine, theirs], [mine, theirs], own)
+    assert sentence.startswith("rank 1 kept its own buffer input_shift: buffers are not broadcast from rank 0")
+    assert "The handout asks for the weights only, so this is advice" in sentence and "rank 1" in evidence
+
+
+def _adamw_state(numels):
+    return [2 * n + 1 for n in numels]  # exp_avg, exp_avg_sq and a scalar step tensor
+
+
+@pytest.mark.parametrize("how", ["round-robin", "greedy", "lopsided", "full", "one rank"])
+def test_judge_state_sharded_and_balanced(how):
+    """On UnevenModel with AdamW: round-robin by count meets the handout (about 1/world_size of
+    the parameters) and fails only the advice (balance by numel); greedy by numel (2 and 6
+    parameters) meets both; full state everywhere, or all of it on one rank, fails the
+    requirement."""
+    numels = [p.numel() for p in UnevenModel().parameters()]
+    state = _adamw_state(numels)
+    count, total, largest = len(state), sum(state), max(state)
+    owners = {"round-robin": [i % WORLD_SIZE for i in range(count)],
+              "lopsided": [0, 1, 0, 1, 0, 0, 0, 0],  # rank 0: 6 of 8 parameters, 10894 of 11088 elements
+              "one rank": [0] * count}.get(how)
+    if how == "greedy":
+        load, owners = [0] * WORLD_SIZE, [0] * count
+        for i in sorted(range(count), key=lambda i: -numels[i]):
+            owners[i] = min(range(WORLD_SIZE), key=load.__getitem__)
+            load[owners[i]] += numels[i]
+    if how == "full":
+        params, held = [count] * WORLD_SIZE, [total] * WORLD_SIZE
+    else:
+        params = [sum(o == r for o in owners) for r in range(WORLD_SIZE)]
+        held = [sum(s for s, o in zip(state, owners) if o == r) for r in range(WORLD_SIZE)]
+    sharded, _ = judge_state_sharded(count, total, largest, params, held)
+    balanced, _ = judge_state_balanced(count, total, largest, params, held)
+    if how == "round-robin":
+        assert held == [10756, 332]  # the numbers every round-robin student submission got
+        assert sharded is None
+        assert balanced.startswith("assign parameters by size (numel), not by count: rank 0 holds 10756 of 11088")
+        assert "so this is advice" in balanced
+    elif how == "greedy":
+        assert params == [2, 6] and held == [6146, 4942]  # unbalanced by count, balanced by size
+        assert sharded is None and balanced is None
+    elif how == "lopsided":  # more than 1/world_size by count and by size
+        assert sharded.startswith("rank 0's optimizer holds state for 6 of the 8 parameters")
+    elif how == "full":
+        assert "every rank holds the full optimizer state" in sharded
+        assert "no split to balance" in balanced
+    else:
+        assert "rank 1 holds no optimizer state" in sharded
