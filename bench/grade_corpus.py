@@ -150,7 +150,9 @@ def summarize(reports: Path) -> dict:
             "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
             "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
             "tf32": sum(t["extra_data"].get("precision") == "tf32" for t in tests),
-            "failed": [t["name"].split("::", 1)[1] for t in tests if t["status"] == "failed"],
+            "failed": {t["name"].split("::", 1)[1]: (t["extra_data"].get("diagnosis") or t["output"])[:300]
+                       for t in tests if t["status"] == "failed"},
+            "notes": data.get("extra_data", {}).get("notes", []),
         }
     return rows
 
