@@ -57,6 +57,21 @@ def backward_unmasked(q, k, v, do, tile: int | None = None) -> dict:
     return {**right, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
 
 
+def padded_keys(q, k, v, do, tile: int) -> dict:
+    """Non-causal attention over keys zero-padded up to a multiple of `tile`: a kernel whose last
+    key tile reads zeros past N_k (boundary_check padding) and never masks them, so every padded
+    key adds exp(0 - m) to the row sum."""
+    n_keys = k.shape[-2]
+    pad = -n_keys % tile
+    zeros = k.new_zeros((*k.shape[:-2], pad, k.shape[-1]))
+    q, k, v = (t.detach().double().requires_grad_(True) for t in (q, k, v))
+    kp, vp = torch.cat([k, zeros.double()], dim=-2), torch.cat([v, zeros.double()], dim=-2)
+    s = q @ kp.transpose(-1, -2) / math.sqrt(q.shape[-1])
+    o = torch.softmax(s, dim=-1) @ vp
+    dq, dk, dv = torch.autograd.grad(o, (q, k, v), do.double())
+    return {"o": o.detach(), "L": torch.logsumexp(s, dim=-1).detach(), "dq": dq, "dk": dk, "dv": dv}
+
+
 def heads_flattened(q, k, v, do, is_causal: bool) -> dict:
     """4-D (B, H, N, d) inputs reshaped to (B, H*N, d): the heads become one long sequence."""
     flat = [t.reshape(t.shape[0], -1, t.shape[-1]) for t in (q, k, v, do)]
@@ -80,7 +95,7 @@ def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
 
 def oracle_of(mistake: str, inputs: tuple, case) -> dict:
     """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'lse-without-max', 'diagonal-masked',
-    'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'tile-local-T' or
+    'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'padded-keys-T', 'tile-local-T' or
     'tile-local-T-skip', with T a tile size)."""
     return {name: t.cpu() for name, t in _compute(mistake, *inputs, case).items()}
 
@@ -101,6 +116,8 @@ def _compute(mistake, q, k, v, do, case) -> dict:
         return backward_unmasked(q, k, v, do, int(tile) if tile.isdigit() else None)
     if mistake == "heads-flattened":
         return heads_flattened(q, k, v, do, case.is_causal)
+    if mistake.startswith("padded-keys-"):
+        return padded_keys(q, k, v, do, int(mistake.rsplit("-", 1)[1]))
     if mistake.startswith("tile-local-"):
         tile = int(mistake.split("-")[2])
         return tile_local_mask(q, k, v, do, tile, mistake.endswith("-skip"))

@@ -115,3 +115,28 @@ def test_lse_without_the_row_max():
     s = q @ k.transpose(-1, -2) / math.sqrt(32)
     L = torch.log(torch.exp(s - s.amax(-1, keepdim=True)).sum(-1))  # log(l), m left out
     assert "the running max m is missing" in sentence_for(FULL, {"L": L})[0]
+
+
+def test_unmasked_key_padding_is_named_not_a_constant_factor():
+    """Seen in the corpus: zero-padded keys past N_k counted in the softmax sum scale o by ~0.93
+    in every row, which the constant-factor rule used to report."""
+    case = FlashCase(batch=(2,), n_queries=127, n_keys=513, head_dim=64)
+    q, k, v, do = make_inputs(case, seed=7)
+    zeros = k.new_zeros((2, -513 % 64, 64))
+    padded = attention_and_grads(q, torch.cat([k, zeros], 1), torch.cat([v, zeros], 1), do)
+    sentence = sentence_for(case, {"o": padded["o"], "L": padded["L"]})[0]
+    assert "513 keys plus 63 zero keys" in sentence and "constant factor" not in sentence
+
+
+def test_nan_in_the_only_query_row_does_not_blame_the_diagonal():
+    case = FlashCase(batch=(2,), n_queries=1, n_keys=239, head_dim=64, is_causal=True)
+    q, k, v, do = make_inputs(case, seed=7)
+    o = attention_and_grads(q, k, v, do, True)["o"].clone()
+    o[:, 0, 0] = float("nan")
+    assert "diagonal" not in sentence_for(case, {"o": o})[0]
+
+
+def test_small_constant_lse_offset_is_a_bias_not_a_missing_max():
+    q, k, v, do = make_inputs(FULL, seed=7)
+    sentence = sentence_for(FULL, {"L": attention_and_grads(q, k, v, do)["L"] + 0.006})[0]
+    assert "systematic bias" in sentence and "running max" not in sentence
