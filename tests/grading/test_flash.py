@@ -57,10 +57,9 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
     """The reply and tensors of a case, or end the check the way the call went wrong."""
     grading.fail_if_stub(check, submission, ADAPTERS[slot])
     reply, tensors = run_case(grading, submission, slot, case)
-    refusal = reply.message if not reply.ok else (reply.result.get("backward_error") or {}).get("message")
-    if phase == "forward":
-        refusal = None if reply.ok else refusal
-    if refusal and reply.status in ("ok", "error") and case.head_dim not in POWER_OF_TWO_DIMS:
+    backward_error = (reply.result.get("backward_error") or {}) if reply.ok and phase == "backward" else {}
+    refusal = reply.message if reply.status == "error" else backward_error.get("message")
+    if refusal and case.head_dim not in POWER_OF_TWO_DIMS:
         check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refusal}")
         return None, None
     if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
@@ -68,10 +67,11 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
         check.skip(f"needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
                    f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
     check.settle_reply(reply)
-    if phase == "backward" and (error := reply.result.get("backward_error")):
-        if error["status"] == "not_attempted":
-            check.fail(f"not attempted: the backward raised {error['message']}", outcome="not_attempted")
-        check.fail(f"the backward raised {error['message']}", error.get("traceback", ""), outcome="error")
+    if backward_error.get("status") == "not_attempted":
+        check.fail(f"not attempted: the backward raised {backward_error['message']}", outcome="not_attempted")
+    if backward_error:
+        check.fail(f"the backward raised {backward_error['message']}", backward_error.get("traceback", ""),
+                   outcome="error")
     return reply, tensors
 
 
