@@ -144,14 +144,14 @@ def summarize(reports: Path) -> dict:
         course = {}
         for slot in ("flash_pytorch", "flash_triton"):
             mine = [t for t in tests if t["extra_data"].get("part") == slot and t["extra_data"].get("tier") == "course"]
-            course[slot] = (sum(t["status"] == "passed" for t in mine), len(mine))
+            course[slot] = (sum(t.get("status") == "passed" for t in mine), len(mine))
         rows[results.parent.name] = {
             "ungradable": data.get("extra_data", {}).get("ungradable"),
             "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
             "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
             "tf32": sum(t["extra_data"].get("precision") == "tf32" for t in tests),
             "failed": {t["name"].split("::", 1)[1]: (t["extra_data"].get("diagnosis") or t["output"])[:300]
-                       for t in tests if t["status"] == "failed"},
+                       for t in tests if t.get("status") == "failed"},
             "notes": data.get("extra_data", {}).get("notes", []),
         }
     return rows

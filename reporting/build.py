@@ -10,6 +10,7 @@ import base64
 import csv
 import hashlib
 import io
+import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -40,15 +41,24 @@ def make_env() -> Environment:
 
 
 def _write(path: Path, text: str, written: list):
+    """Whole or not at all: a page open in a browser during a rebuild is never half written."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(text, encoding="utf-8", newline="\n")
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
     written.append(path)
 
 
 def grades_csv(submissions) -> str:
     """One row per submission: the part scores, total, max and seed as before, then, for each
     part that has advice anywhere in the class, <part>_requirements and <part>_advice (blank
-    where a results.json does not say), then the submission's notes."""
+    where a results.json does not say), then the submission's notes, then `complete`: "no" where
+    the total is not final (a check the grader itself failed on, or one never run; regrade), and
+    then that total reads "<points> (incomplete)", so it cannot pass for a grade."""
     part_keys = []
     for sub in submissions:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
@@ -57,7 +67,8 @@ def grades_csv(submissions) -> str:
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow(["name", "student", *part_keys, "total", "max", "seed",
-                     *(f"{k}_{kind}" for k in advice_keys for kind in ("requirements", "advice")), "notes"])
+                     *(f"{k}_{kind}" for k in advice_keys for kind in ("requirements", "advice")), "notes",
+                     "complete"])
     for sub in submissions:
         parts = {p.key: p for p in sub.parts}
         split = []
@@ -69,9 +80,9 @@ def grades_csv(submissions) -> str:
                 split += [_points(part.requirement_score), _points(part.advice_score)]
         writer.writerow([sub.name, sub.student or "",
                          *(_points(parts[k].score) if k in parts else "" for k in part_keys),
-                         _points(sub.score), _points(sub.max_score),
+                         _points(sub.score) + (" (incomplete)" if sub.incomplete else ""), _points(sub.max_score),
                          "" if sub.seed is None else sub.seed,
-                         *split, " ".join(sub.notes)])
+                         *split, " ".join(sub.notes), "no" if sub.incomplete else "yes"])
     return out.getvalue()
 
 

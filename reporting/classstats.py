@@ -1,8 +1,9 @@
 """Class-wide numbers: how often each check, and each family of cases, fails.
 
 Rates count submissions, not test instances: "60% of the class fails X" means 3 of 5
-submissions that ran a check in X failed at least one of them. Skipped checks do not count, and
-neither do ungradable submissions (they fail everything, which says nothing about X).
+submissions that ran a check in X failed at least one of them. Skipped checks do not count, nor
+do checks the grader itself failed on (not graded), nor ungradable submissions (they fail
+everything, which says nothing about X).
 """
 import re
 from dataclasses import dataclass
@@ -67,7 +68,7 @@ def _rates(submissions, keys_of) -> list:
         if sub.ungradable:
             continue
         for check in sub.checks:
-            if check.state == "skipped":
+            if check.state in ("skipped", "ungraded"):
                 continue
             for key in keys_of(check):
                 ran.setdefault(key, set()).add(sub.name)

@@ -16,6 +16,8 @@ PART_LABELS = {
     "sharded_optimizer": "Sharded optimizer", "fsdp": "FSDP", "timing": "Timing", "memory": "Memory",
 }
 FAILED_OUTCOMES = {"failed", "not_attempted", "error", "timeout", "crash"}
+# The grader itself failed on the check: neither passed nor failed, unscored, to be regraded.
+GRADER_ERROR = "grader_error"
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
 # Keys the templates read; filled with None when results.json lacks them.
@@ -61,8 +63,8 @@ class Check:
     check: str
     case: str
     tier: str
-    outcome: str  # as the plugin reported it: passed, failed, timeout, crash, ...
-    state: str  # what the page groups by: "failed", "passed" or "skipped"
+    outcome: str  # as the plugin reported it: passed, failed, timeout, crash, grader_error, ...
+    state: str  # what the page groups by: "failed", "passed", "skipped" or "ungraded" (grader error)
     diagnosis: str
     evidence: str  # the output text, without its first line when that just repeats the diagnosis
     score: float
@@ -114,6 +116,31 @@ class Submission:
     hidden_count: int = 0
     stdout_visible: bool = True
     notes: list = field(default_factory=list)  # sentences about the whole submission to act on
+    # Not final: some checks were not graded (the grader itself failed, or they never ran).
+    incomplete: bool = False
+    ungraded: list = field(default_factory=list)  # [{"name", "reason"}]: the checks not graded, as shown
+    hidden_ungraded: int = 0  # ungraded checks left out of the student view
+    checks_graded: int | None = None
+    checks_expected: int | None = None
+
+    @property
+    def incomplete_reason(self):
+        """Why the total is not final, in one sentence ("" when it is final)."""
+        if not self.incomplete:
+            return ""
+        if self.ungradable and self.ungradable.startswith("results.json could not be read"):
+            return "results.json could not be read: the total is not final; regrade."
+        if self.student_view:
+            count = len(self.ungraded) + self.hidden_ungraded
+            return f"{count} check{'s' if count != 1 else ''} not graded yet: the total is not final."
+        broken = sum(1 for u in self.ungraded if u["name"])
+        never = len(self.ungraded) - broken
+        why = ([f"the grader itself failed on {broken}"] if broken else []) + ([f"{never} never ran"] if never else [])
+        if self.checks_expected is not None and self.checks_graded is not None:
+            head = f"{self.checks_graded} of {self.checks_expected} checks graded"
+        else:
+            head = f"{len(self.ungraded)} check{'s' if len(self.ungraded) != 1 else ''} not graded"
+        return f"{head}{' (' + ', '.join(why) + ')' if why else ''}: the total is not final; regrade."
 
     def part(self, key):
         return next((p for p in self.parts if p.key == key), None)
@@ -210,6 +237,30 @@ def _notes(value) -> list:
     return [_text(n).strip() for n in value if _text(n).strip()]
 
 
+def _count(value):
+    return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
+
+
+def _ungraded(value, checks) -> list:
+    """extra_data.ungraded as [{"name", "nodeid", "reason"}] (name None: a check never run, known
+    only by its test id), plus any grader-error check the list lacks."""
+    found = []
+    for entry in value if isinstance(value, list) else []:
+        if isinstance(entry, str):
+            entry = {"name": entry}
+        if not isinstance(entry, dict):
+            continue
+        name = _text(entry.get("name")) or None
+        nodeid = _text(entry.get("nodeid")) or None
+        if name or nodeid:
+            found.append({"name": name, "nodeid": nodeid,
+                          "reason": _text(entry.get("reason")) or "not graded"})
+    named = {u["name"] for u in found}
+    found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed"}
+              for c in checks if c.state == "ungraded" and c.name not in named]
+    return found
+
+
 _NAME = re.compile(r"^(?:[^:]*::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
 
 
@@ -222,6 +273,8 @@ def _check(test: dict, default_visibility: str) -> Check:
     outcome = _text(extra.get("outcome")) or status
     if outcome == "skipped":
         state = "skipped"
+    elif outcome == GRADER_ERROR:
+        state = "ungraded"
     elif outcome in FAILED_OUTCOMES or status == "failed":
         state = "failed"
     else:
@@ -229,6 +282,8 @@ def _check(test: dict, default_visibility: str) -> Check:
     output = _text(test.get("output")).strip("\n")
     first, _, rest = output.partition("\n")
     diagnosis = _text(extra.get("diagnosis")) or (first if state != "passed" else "")
+    if state == "ungraded":  # the traceback is for staff; the output is the sentence
+        output = _text(extra.get("grader_output")).strip("\n") or output
     evidence = rest if first.strip() == diagnosis.strip() and diagnosis else output
     verdicts = [{"tensor": tensor, **{k: _dict(v).get(k) for k in VERDICT_KEYS}}
                 for tensor, v in _dict(extra.get("verdicts")).items()]
@@ -300,7 +355,8 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
         return Submission(name=name, student=None, score=0.0, max_score=0.0, parts=[],
                           environment=dict.fromkeys(ENVIRONMENT_KEYS), seed=None,
                           ungradable=f"results.json could not be read: {exc}", runner_log="",
-                          output="", execution_time=None, checks=[], student_view=student_view)
+                          output="", execution_time=None, checks=[], student_view=student_view,
+                          incomplete=True)
     extra = _dict(data.get("extra_data"))
     default_visibility = _text(data.get("visibility")) or "visible"
     checks = [_check(t, default_visibility) for t in data.get("tests") or [] if isinstance(t, dict)]
@@ -317,6 +373,13 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
         score = _num(data.get("score"), sum(c.score for c in checks))
         max_score = _num(data.get("max_score"), sum(p.max_score for p in parts))
     execution_time = data.get("execution_time")
+    ungraded = _ungraded(extra.get("ungraded"), checks)
+    hidden_ungraded = 0
+    if student_view:  # a hidden check's name or test id is not for the student's page
+        shown = {c.name for c in checks}
+        hidden_ungraded = sum(1 for u in ungraded if u["name"] not in shown)
+        ungraded = [u for u in ungraded if u["name"] in shown]
+    incomplete = extra.get("incomplete") is True or bool(ungraded) or bool(hidden_ungraded)
     return Submission(
         name=name,
         student=_text(extra.get("student")) or None,
@@ -330,6 +393,8 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
         checks=checks, student_view=student_view, hidden_count=hidden_count,
         stdout_visible=_text(data.get("stdout_visibility")) == "visible",
         notes=_notes(extra.get("notes")),
+        incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
+        checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
     )
 
 

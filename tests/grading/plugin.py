@@ -4,11 +4,22 @@ It parametrizes the suite over submissions, keeps one runner per submission per 
 each check the moment it finishes, and at the end of the session assembles every submission's
 results.json and builds the HTML reports. Under xdist a submission's checks stay on one worker
 (`--dist loadgroup`), so its runner starts once, while a class spreads over all workers.
+
+Only the controller writes under reports/ (tests/grading/results.py says which file is whose):
+workers send what they find on the test reports' user_properties, the check record as
+"grading_check", the runner's facts as "grading_runner" and, once, the tests they collected as
+"grading_collected".
+
+An exception raised by the grader's own code in a test (the harness, the oracle, a file read)
+is not the student's failure: the test is run once more, and if the grader fails again the
+check is recorded as "grader_error", unscored, and the submission is marked incomplete. What the
+student's code does wrong reaches the tests as a runner Reply and fails through Check.fail.
 """
 import os
 import platform
 import sys
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -77,6 +88,7 @@ class Grading:
         self._runners = {}
         self._replies = {}
         self._current = None
+        self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
     def _switch_to(self, name: str):
         """A worker grades one submission's checks together (loadgroup): when the next one starts,
@@ -125,11 +137,23 @@ class Grading:
         return self._replies[key]
 
     def note_runner(self, submission, runner, reply):
+        """Keep the runner's facts for info.json; the plugin sends them to the controller on the
+        test's report, and the controller alone writes the file."""
         ungradable = reply.message if reply.status == "import_error" else None
         if submission.problem:
             ungradable = submission.problem
-        results.write_info(self.reports, submission.name, {"ungradable": ungradable,
-                                                            "runner_log_tail": runner.log_tail()})
+        facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
+        facts.update({k: v for k, v in {"ungradable": ungradable, "runner_log_tail": runner.log_tail()}.items()
+                      if v is not None})
+
+    def forget(self, name: str):
+        """Drop a submission's cached replies and close its runner: a retry starts afresh."""
+        self._replies = {key: value for key, value in self._replies.items() if key[0] != name}
+        if name in self._runners:
+            try:
+                self._runners.pop(name).close()
+            except Exception:
+                pass
 
     def close(self):
         for runner in self._runners.values():
@@ -146,6 +170,29 @@ def environment(on_gpu: bool) -> dict:
             "triton": triton_version, "triton_interpreter": not on_gpu, "python": platform.python_version()}
 
 
+def submission_of(item):
+    """The name of the submission a grading test grades, or None for any other test."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "submission" not in callspec.params:
+        return None
+    return callspec.params["submission"].name
+
+
+def describe(exc: BaseException) -> str:
+    """'KeyError: 'o' at tests/grading/test_flash.py:97': the error and where the grader raised it."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 300:
+        text = text[:297] + "..."
+    root = str(Path(__file__).resolve().parents[2])
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if f.filename.startswith(root) and "site-packages" not in f.filename]
+    frame = (ours or frames or [None])[-1]
+    if frame is not None:
+        where = os.path.relpath(frame.filename, root) if frame.filename.startswith(root) else frame.filename
+        text += f" at {where}:{frame.lineno}"
+    return text
+
+
 class GradingPlugin:
     def __init__(self, config):
         self.config = config
@@ -153,6 +200,14 @@ class GradingPlugin:
         self.is_worker = hasattr(config, "workerinput")
         self.started = time.monotonic()
         self.pending = {}  # submission name -> checks not yet reported (controller only)
+        # Test ids collected this session per submission, before -k / --deselect, and the modules
+        # collected whole: what a complete result needs, and which old records are stale (see
+        # results.current_records). Workers collect; the controller learns it from their reports.
+        self.collected = {}
+        self.modules = set()
+        self._collected_sent = False
+        self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
+        self._runner_seen = set()
 
     # -- setup -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -165,17 +220,19 @@ class GradingPlugin:
             config.option.loadgroup = True
 
     def pytest_sessionstart(self, session):
-        if self.is_worker:
+        if self.is_worker or self.config.option.collectonly:
             return
+        # Check files are kept: a check this session does not run keeps its last result, and one
+        # it runs is overwritten (results.assemble decides which records are current). The
+        # runner's facts stay too until this session's runner replaces them.
         for s in self.state.submissions:
-            folder = self.state.reports / s.name
-            for stale in (folder / "checks").glob("*.json") if folder.exists() else ():
-                stale.unlink()
-            if (folder / "info.json").exists():
-                (folder / "info.json").unlink()
-            results.write_info(self.state.reports, s.name, {
-                "student": s.student, "seed": self.state.seed, "ungradable": s.problem,
-                "environment": environment(self.state.on_gpu), "notes": s.notes})
+            old = results.read_info(self.state.reports, s.name)
+            self.info[s.name] = {
+                "student": s.student, "seed": self.state.seed,
+                "ungradable": s.problem or old.get("ungradable"),
+                "environment": environment(self.state.on_gpu), "notes": s.notes,
+                **({"runner_log_tail": old["runner_log_tail"]} if old.get("runner_log_tail") else {})}
+            results.write_info(self.state.reports, s.name, self.info[s.name])
         names = ", ".join(s.name for s in self.state.submissions) or "none"
         print(f"\ngrading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
 
@@ -184,12 +241,28 @@ class GradingPlugin:
             subs = self.state.submissions
             metafunc.parametrize("submission", subs, ids=[s.name for s in subs], scope="session")
 
-    @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group
-    def pytest_collection_modifyitems(self, items):
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group, and before -k
+    def pytest_collection_modifyitems(self, config, items):
+        # Modules named with "::" on the command line (one test, one case) were not collected
+        # whole: their other tests' records are kept, never judged stale.
+        partial = set()
+        for arg in config.args:
+            if "::" in arg:
+                path = (config.invocation_params.dir / arg.split("::", 1)[0]).resolve()
+                try:
+                    partial.add(path.relative_to(config.rootpath).as_posix())
+                except ValueError:
+                    partial.add(arg.split("::", 1)[0])
         for item in items:
-            callspec = getattr(item, "callspec", None)
-            if callspec and "submission" in callspec.params:
-                item.add_marker(pytest.mark.xdist_group(callspec.params["submission"].name))
+            name = submission_of(item)
+            if name is not None:
+                item.add_marker(pytest.mark.xdist_group(name))
+                item.grading_nodeid = item.nodeid  # without the "@group" xdist appends
+                self.collected.setdefault(name, set()).add(item.nodeid)
+                if (module := item.nodeid.split("::", 1)[0]) not in partial:
+                    self.modules.add(module)
+        if not self.is_worker:
+            self._save_collected()
 
     @pytest.fixture(scope="session")
     def grading(self):
@@ -205,30 +278,126 @@ class GradingPlugin:
         return make
 
     # -- recording -------------------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """Run a grading test; if the grader's own code raises, run it once more from scratch."""
+        name = submission_of(item)
+        if name is None:
+            return (yield)
+        try:
+            return (yield)
+        except Exception as exc:  # Check.fail / skip raise pytest's outcomes, which are not Exceptions
+            first = describe(exc)
+        self.state.forget(name)
+        item.grading_check = None
+        try:
+            item.runtest()
+        except Exception as exc:
+            item.grading_fault = [first, describe(exc)]
+            raise
+        finally:
+            item.grading_retried = first
+        return None
+
+    @staticmethod
+    def _stand_in(item, name) -> dict:
+        """A record for a grading test that failed before it made its check (in a fixture, say)."""
+        case = item.callspec.id.replace(name, "", 1).replace("--", "-").strip("-")
+        return {"submission": name, "part": "grader", "check": item.originalname, "case": case, "tier": "",
+                "group": "", "source": "", "advice": False, "stand_in": True,
+                "name": f"{name}::grader::{item.originalname}" + (f"[{case}]" if case else ""),
+                "outcome": "error", "diagnosis": "", "output": "", "seconds": 0.0}
+
+    def _record(self, item, report, call, name):
+        """The check record this report settles, or None (teardown, or nothing to record)."""
+        if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+            return None
+        check = getattr(item, "grading_check", None)
+        if check is None and report.passed:
+            return None
+        record = check.record if check is not None else self._stand_in(item, name)
+        fault = getattr(item, "grading_fault", None)
+        if report.passed and record["outcome"] == "error" and not record["diagnosis"]:
+            record.update(outcome="passed", output=record["output"] or "passed")
+        elif report.skipped and record["outcome"] != "skipped":
+            reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+            record.update(outcome="skipped", output=f"skipped: {reason}")
+        elif report.failed and (fault or report.when == "setup" or not record["diagnosis"]):
+            if not fault:  # failed in setup (not retried), or through pytest.fail outside Check
+                if call.excinfo is not None:
+                    message = describe(call.excinfo.value)
+                else:
+                    message = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"
+                fault = [message + (" (in setup)" if report.when == "setup" else "")]
+            record.update(outcome=results.GRADER_ERROR, diagnosis=results.grader_error_diagnosis(fault),
+                          output=str(report.longrepr)[-20000:], attempts=fault)  # the traceback, for staff
+        if getattr(item, "grading_retried", None) and record["outcome"] != results.GRADER_ERROR:
+            record["retried_after"] = item.grading_retried  # the first attempt's grader error
+        record["nodeid"] = getattr(item, "grading_nodeid", item.nodeid.split("@", 1)[0])
+        return record
+
     @pytest.hookimpl(hookwrapper=True)
     def pytest_runtest_makereport(self, item, call):
         outcome = yield
         report = outcome.get_result()
-        check = getattr(item, "grading_check", None)
-        if check is not None and (report.when == "call" or report.outcome != "passed"):
-            if report.outcome == "passed" and check.record["outcome"] == "error":
-                check.update(outcome="passed", output=check.record["output"] or "passed")
-            if report.failed and check.record["outcome"] in ("passed", "error") and not check.record["diagnosis"]:
-                message = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"
-                check.update(outcome="error", diagnosis=f"the grader hit an error: {message}", output=str(report.longrepr))
-            report.user_properties.append(("grading_check", check.record))
+        name = submission_of(item)
+        if name is None:
+            return
+        sent = []  # on this report only (not item.user_properties, which all its reports share)
+        if self.is_worker and not self._collected_sent:
+            self._collected_sent = True
+            sent.append(("grading_collected", {"items": {k: sorted(v) for k, v in self.collected.items()},
+                                               "modules": sorted(self.modules)}))
+        if facts := self.state.runner_facts.pop(name, None):
+            sent.append(("grading_runner", facts))
+        if (record := self._record(item, report, call, name)) is not None:
+            sent.append(("grading_check", record))
+        if sent:
+            report.user_properties = [*report.user_properties, *sent]
 
     def pytest_runtest_logreport(self, report):
         if self.is_worker:
             return
-        record = dict(report.user_properties).get("grading_check")
+        sent = dict(report.user_properties)
+        if (collected := sent.get("grading_collected")) and not self.collected:
+            for name, ids in collected["items"].items():
+                self.collected.setdefault(name, set()).update(ids)
+            self.modules.update(collected["modules"])
+            self._save_collected()
+        if facts := sent.get("grading_runner"):
+            self._note_runner(facts)
+        record = sent.get("grading_check")
         if record is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 print(f"\n{report.nodeid}: failed without a result (worker crash?)", file=sys.stderr)
             return
         results.write_check(self.state.reports, record)
-        if report.when == "call" or report.outcome != "passed":
-            self._count_done(record["submission"])
+        self._count_done(record["submission"])
+
+    def _note_runner(self, facts):
+        """The runner's facts, into info.json (written here only: the controller owns it)."""
+        name = facts.get("submission")
+        if name not in self.info:
+            return
+        info = self.info[name]
+        if name not in self._runner_seen:  # this session's runner replaces the last session's facts
+            self._runner_seen.add(name)
+            problem = next((s.problem for s in self.state.submissions if s.name == name), None)
+            info["ungradable"] = problem
+            info.pop("runner_log_tail", None)
+        info.update({k: facts[k] for k in ("ungradable", "runner_log_tail") if facts.get(k) is not None})
+        results.write_info(self.state.reports, name, info)
+
+    def _save_collected(self):
+        """What a full run holds, per submission, into collected.json (the controller's file)."""
+        if self.config.option.collectonly:
+            return
+        for s in self.state.submissions:
+            results.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
+                                     self.modules)
+
+    def _assemble(self, name):
+        return results.assemble(self.state.reports, name, self.state.rubric)
 
     # -- progress --------------------------------------------------------------------------
     def pytest_collection_finish(self, session):
@@ -250,17 +419,18 @@ class GradingPlugin:
         self.pending[name] -= 1
         if self.pending[name] == 0:
             done = sum(1 for v in self.pending.values() if v <= 0)
-            graded = results.assemble(self.state.reports, name, self.state.rubric)
+            graded = self._assemble(name)
             print(f"\n[{done} of {len(self.pending)} submissions done] {name}: "
-                  f"{graded['score']:g} / {graded['max_score']:g}", flush=True)
+                  f"{graded['score']:g} / {graded['max_score']:g}"
+                  + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""), flush=True)
 
     # -- the end ---------------------------------------------------------------------------
     def pytest_sessionfinish(self, session):
-        if self.is_worker:
+        if self.is_worker or self.config.option.collectonly:
             return
         summary = []
         for s in self.state.submissions:
-            graded = results.assemble(self.state.reports, s.name, self.state.rubric)
+            graded = self._assemble(s.name)
             summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         self.summary = summary
         try:

@@ -1,13 +1,44 @@
 """Results on disk: one file per finished check, assembled into Gradescope's results.json.
 
-Checks are written the moment they finish (by the pytest controller), so a crashed worker loses
-at most the check it was running. results.json is rebuilt from those files at session end.
+Who writes what under reports/ (one owner per file; every JSON file is written whole, to a
+temporary file that then replaces it, so a reader never sees half of one):
+
+  <sub>/checks/<check>.json  the pytest controller (plugin.py, pytest_runtest_logreport), when the
+                             check finishes; under xdist the worker's record travels to it on the
+                             test report. Never deleted: a check not run in a session keeps its
+                             last result; assemble() decides which records are current.
+  <sub>/info.json            the controller alone: facts about the run (student, seed, environment,
+                             notes) at session start, and the runner's facts (ungradable reason,
+                             log tail) as they arrive from workers on the test reports.
+  <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
+                             per test module, as the sessions collected them (update_collected).
+  <sub>/results.json         the controller (assemble), when a submission's last check of the
+                             session finishes and again at session end.
+  <sub>/index.html, index.html, grades.csv
+                             the controller at session end (reporting.build_reports), or
+                             `python -m reporting` run by hand, never both at once; written
+                             whole too (reporting/build.py _write).
+  .<file>.<pid>.<thread>.tmp the writer of the file it replaces, for an instant (write_json).
+  screenshots/               tests/self/test_report_browser.py, for a person to look at; no
+                             grading run reads or writes it.
+
+Workers write nothing under reports/. The runner's scratch folders live outside it.
+
+Checks are written the moment they finish, so a crashed worker loses at most the check it was
+running. A check the grader itself failed on (outcome "grader_error") never scores against the
+student: it is unscored and marks the submission incomplete, as does a check collected but never
+recorded (a run stopped by -x or Ctrl-C, a worker that died).
 """
 import json
+import os
 import re
+import threading
+import time
 from pathlib import Path
 
 from tests.grading.rubric import Rubric
+
+GRADER_ERROR = "grader_error"
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
@@ -15,61 +46,194 @@ def check_path(reports: Path, submission: str, name: str) -> Path:
     return reports / submission / "checks" / f"{safe}.json"
 
 
-def write_check(reports: Path, record: dict) -> None:
-    path = check_path(reports, record["submission"], record["name"])
+def write_json(path: Path, data) -> None:
+    """Write `data` whole: to a temporary file of this process and thread, then os.replace."""
+    path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(record, indent=1, default=str))
-    tmp.replace(path)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(json.dumps(data, indent=1, default=str))
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
+def read_json(path: Path, default=None):
+    """The JSON in `path`, or `default` when it is missing or unreadable."""
+    try:
+        return json.loads(Path(path).read_text())
+    except (OSError, ValueError):
+        return default
+
+
+def write_check(reports: Path, record: dict) -> None:
+    record = {**record, "recorded_at": time.time()}
+    write_json(check_path(reports, record["submission"], record["name"]), record)
 
 
 def write_info(reports: Path, submission: str, info: dict) -> None:
-    """Facts about a submission's run (environment, seed, ungradable reason, log tail)."""
-    path = reports / submission / "info.json"
-    path.parent.mkdir(parents=True, exist_ok=True)
-    merged = json.loads(path.read_text()) if path.exists() else {}
-    merged.update({k: v for k, v in info.items() if v is not None})
-    path.write_text(json.dumps(merged, indent=1, default=str))
+    """Facts about a submission's run (environment, seed, ungradable reason, log tail), written
+    whole: the controller keeps them in memory and is the only writer (see the top of this file)."""
+    write_json(reports / submission / "info.json", info)
 
 
-def assemble(reports: Path, submission: str, rubric: Rubric) -> dict:
-    """Score every check of one submission and write reports/<submission>/results.json."""
+def read_info(reports: Path, submission: str) -> dict:
+    info = read_json(reports / submission / "info.json", {})
+    return info if isinstance(info, dict) else {}
+
+
+def _module(nodeid: str) -> str:
+    return nodeid.split("::", 1)[0]
+
+
+def update_collected(reports: Path, submission: str, tests: list, whole: set) -> None:
+    """Remember which tests a full run holds for `submission`: a module collected whole (before
+    -k / --deselect: `whole`) replaces what was known of it, so a renamed case drops out; one
+    collected in part (tests named by id) only adds its tests. Only the controller calls this."""
+    path = reports / submission / "collected.json"
+    known = read_json(path, {})
+    modules = known.get("modules") if isinstance(known, dict) and isinstance(known.get("modules"), dict) else {}
+    found = {}
+    for nodeid in tests:
+        found.setdefault(_module(nodeid), set()).add(nodeid)
+    for module, ids in found.items():
+        old = modules.get(module) if isinstance(modules.get(module), dict) else {}
+        if module in whole:
+            modules[module] = {"whole": True, "tests": sorted(ids)}
+        else:
+            modules[module] = {"whole": bool(old.get("whole")), "tests": sorted(ids | set(old.get("tests") or []))}
+    write_json(path, {"modules": modules})
+
+
+def load_collected(reports: Path, submission: str):
+    """(the tests a full run holds, the modules ever collected whole), or (None, None) if unknown."""
+    known = read_json(reports / submission / "collected.json")
+    modules = known.get("modules") if isinstance(known, dict) else None
+    if not isinstance(modules, dict):
+        return None, None
+    modules = {m: v for m, v in modules.items() if isinstance(v, dict)}
+    expected = {t for v in modules.values() for t in v.get("tests") or [] if isinstance(t, str)}
+    return expected, {m for m, v in modules.items() if v.get("whole")}
+
+
+def current_records(folder: Path, expected=None, modules=None) -> list:
+    """The check records of one submission that count: one per test, the newest.
+
+    expected: the test ids a full run holds for the submission (load_collected), or None when
+    unknown (then every readable record counts). modules: the test modules collected whole
+    (default: those of `expected`). A record counts if its test is expected, or if its module
+    was never collected whole (only tests named by id); a record of a test that no longer exists
+    in a module collected whole (a renamed case), or one with no test id (an older grader's),
+    does not.
+    """
+    records = []
+    for path in sorted((folder / "checks").glob("*.json")):
+        record = read_json(path)
+        if isinstance(record, dict) and {"name", "outcome", "part", "check", "group"} <= record.keys():
+            records.append(record)
+    if expected is not None:
+        expected = set(expected)
+        modules = set(modules) if modules is not None else {_module(n) for n in expected}
+        records = [r for r in records if r.get("nodeid")
+                   and (r["nodeid"] in expected or _module(r["nodeid"]) not in modules)]
+    newest = {}
+    for r in records:
+        key = r.get("nodeid") or r["name"]
+        if key not in newest or r.get("recorded_at", 0) >= newest[key].get("recorded_at", 0):
+            newest[key] = r
+    return list(newest.values())
+
+
+def grader_error_diagnosis(attempts: list) -> str:
+    """The sentence for a check the grader itself failed on; attempts: what each attempt raised."""
+    if len(attempts) > 1 and len(set(attempts)) == 1:
+        what = f"{attempts[0]}, on both attempts"
+    else:
+        what = "; then ".join(attempts) or "unknown error"
+    return (f"not graded: the grader itself failed ({what}); this check will be regraded, and counts "
+            f"neither for nor against the submission until then.")
+
+
+def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None) -> dict:
+    """Score every current check of one submission and write reports/<submission>/results.json.
+
+    expected / modules: the tests a full run holds and the modules collected whole (see
+    current_records); by default what <submission>/collected.json says. An expected test with
+    no record counts as not graded, and so does a check the grader itself failed on: then the
+    submission is incomplete, and its output says so first.
+    """
     folder = reports / submission
-    records = [json.loads(p.read_text()) for p in sorted((folder / "checks").glob("*.json"))]
-    info = json.loads((folder / "info.json").read_text()) if (folder / "info.json").exists() else {}
-    counted = [r for r in records if r["outcome"] != "skipped"]
+    if expected is None:
+        expected, modules = load_collected(reports, submission)
+    records = current_records(folder, expected, modules)
+    info = read_info(reports, submission)
+    counted = [r for r in records if r["outcome"] != "skipped"]  # grader errors keep their share
     group_sizes = {}
     for r in counted:
         group_sizes[r["group"]] = group_sizes.get(r["group"], 0) + 1
 
     parts = {key: {"label": label, "score": 0.0, "max_score": 0.0} for key, label in rubric.parts.items()}
     tests = []
-    for r in sorted(records, key=lambda r: (r["part"], r["check"], r["tier"], r["name"])):
+    ungraded = []
+    for r in sorted(records, key=lambda r: (r["part"], r["check"], r.get("tier") or "", r["name"])):
         skipped = r["outcome"] == "skipped"
-        max_score = 0.0 if skipped else rubric.points(r["group"]) / group_sizes[r["group"]]
+        broken = r["outcome"] == GRADER_ERROR
+        # A grader error withholds its share of the group's points: the others do not absorb it.
+        max_score = 0.0 if skipped or broken else rubric.points(r["group"]) / group_sizes[r["group"]]
         passed = r["outcome"] in ("passed", "skipped")
         score = max_score if passed else 0.0
-        part = parts.setdefault(r["part"], {"label": r["part"], "score": 0.0, "max_score": 0.0})
-        part["score"] += score
-        part["max_score"] += max_score
-        if rubric.advice(r["group"]):  # of which advice (beyond the handout), reported apart
-            part["advice_score"] = part.get("advice_score", 0.0) + score
-            part["advice_max_score"] = part.get("advice_max_score", 0.0) + max_score
-        tests.append({
+        if r["part"] in parts or not r.get("stand_in"):  # a stand-in's part is no part of the rubric
+            part = parts.setdefault(r["part"], {"label": r["part"], "score": 0.0, "max_score": 0.0})
+            part["score"] += score
+            part["max_score"] += max_score
+            if rubric.advice(r["group"]):  # of which advice (beyond the handout), reported apart
+                part["advice_score"] = part.get("advice_score", 0.0) + score
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + max_score
+        test = {
             "name": r["name"], "score": round(score, 4), "max_score": round(max_score, 4),
-            "status": "passed" if passed else "failed", "output": r["output"],
-            "tags": [r["part"], r["tier"]] + (["advice"] if rubric.advice(r["group"]) else []),
+            "status": "passed" if passed else "failed",
+            "output": (r.get("diagnosis") or grader_error_diagnosis([])) if broken else r["output"],
+            "tags": [r["part"], r.get("tier") or ""] + (["advice"] if rubric.advice(r["group"]) else []),
             "visibility": rubric.visibility(r["group"]),
             "extra_data": {**{k: r.get(k) for k in ("part", "check", "case", "tier", "outcome", "diagnosis",
                                                     "verdicts", "heatmap", "timing", "memory", "seconds",
-                                                    "precision") if r.get(k) is not None},
+                                                    "precision", "attempts", "retried_after")
+                                 if r.get(k) is not None},
                            "source": rubric.source(r["group"]), "advice": rubric.advice(r["group"])},
-        })
+        }
+        if broken:
+            # Neither passed nor failed: Gradescope shows a test with no status by its score (0 / 0)
+            # and the output sentence; "failed" would tell the student they lost something.
+            del test["status"]
+            test["extra_data"]["grader_output"] = r["output"]
+            ungraded.append({"name": r["name"], "nodeid": r.get("nodeid"),
+                             "reason": "the grader itself failed: " + ("; then ".join(r.get("attempts") or [])
+                                                                        or "unknown error")})
+        tests.append(test)
+    recorded = {r.get("nodeid") for r in records}
+    never_run = sorted(set(expected or ()) - recorded)
+    ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
+                 for n in never_run]
+    total = len(records) + len(never_run)
+    graded = total - len(ungraded)
+    incomplete = bool(ungraded) or total == 0
+
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
-    failed = [t for t in tests if t["status"] == "failed"]
-    summary = info.get("ungradable") or (f"{len(failed)} of {len(tests)} checks failed." if failed
-                                         else f"All {len(tests)} checks passed.")
+    scored = [t for t in tests if "status" in t]  # not the grader errors
+    failed = [t for t in scored if t["status"] == "failed"]
+    summary = info.get("ungradable") or (f"{len(failed)} of {len(scored)} checks failed." if failed
+                                         else f"All {len(scored)} checks passed.")
+    if incomplete:
+        why = []
+        if grader_failed := sum(1 for u in ungraded if u["name"]):
+            why.append(f"{grader_failed} not graded because the grader itself failed")
+        if never_run:
+            why.append(f"{len(never_run)} never run")
+        summary = (f"incomplete: {graded} of {total} checks graded"
+                   + (f" ({', '.join(why)})" if why else "")
+                   + "; the total is not final and will change when the rest are graded. " + summary)
     results = {
         "score": round(score, 3), "max_score": round(max_score, 3),
         "execution_time": round(sum(r.get("seconds") or 0 for r in records), 2),
@@ -77,8 +241,10 @@ def assemble(reports: Path, submission: str, rubric: Rubric) -> dict:
         "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
                        "environment": info.get("environment", {}), "parts": parts,
                        "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
-                       "runner_log_tail": info.get("runner_log_tail", "")},
+                       "runner_log_tail": info.get("runner_log_tail", ""),
+                       "incomplete": incomplete, "checks_graded": graded, "checks_expected": total,
+                       "ungraded": ungraded},
         "tests": tests,
     }
-    (folder / "results.json").write_text(json.dumps(results, indent=1))
+    write_json(folder / "results.json", results)
     return results

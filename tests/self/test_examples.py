@@ -143,7 +143,7 @@ def judge(name: str, reports: Path) -> dict:
     else:
         diagnosis = diagnosis + expected["cpu_diagnosis"]
 
-    checks = [{"name": t["name"].split("::", 1)[1], "status": t["status"], "score": t["score"],
+    checks = [{"name": t["name"].split("::", 1)[1], "status": t.get("status"), "score": t["score"],
                "max_score": t["max_score"], "outcome": t["extra_data"].get("outcome", ""),
                "text": (t["extra_data"].get("diagnosis") or "") + "\n" + (t.get("output") or "")} for t in results["tests"]]
     failed = [c for c in checks if c["status"] == "failed"]

@@ -208,25 +208,25 @@ def test_hostile_finding(class_run, name):
             problems.append(f"must_fail {pattern!r} matched no check")
         for key in keys:
             test = tests[key]
-            if test["status"] != "failed" and test["extra_data"].get("outcome") != "skipped":
+            if test.get("status") != "failed" and test["extra_data"].get("outcome") != "skipped":
                 problems.append(f"{key} should fail, got {test['status']}: {test['output'][:200]}")
-            elif test["status"] == "failed" and not (ON_GPU and key.startswith("memory::")):
+            elif test.get("status") == "failed" and not (ON_GPU and key.startswith("memory::")):
                 # (on a GPU the memory checks warm up first, so their failure says 'setup')
                 problems.extend(f"{key}: finding {f!r} missing from: {test['output'][:300]}"
                                 for f in spec.get("finding", []) if f not in test["output"])
     for pattern in spec.get("must_fail_one_of", []):  # at least one of them, whichever ran second (a replay)
         keys = matching(pattern)
-        if not any(tests[k]["status"] == "failed" for k in keys):
+        if not any(tests[k].get("status") == "failed" for k in keys):
             problems.append(f"none of {keys or pattern!r} failed (must_fail_one_of)")
     for pattern in spec.get("must_pass", []):
         keys = matching(pattern)
         if not keys:
             problems.append(f"must_pass {pattern!r} matched no check")
-        problems.extend(f"{k} should pass: {tests[k]['output'][:300]}" for k in keys if tests[k]["status"] != "passed")
+        problems.extend(f"{k} should pass: {tests[k]['output'][:300]}" for k in keys if tests[k].get("status") != "passed")
     listed = must_fail + list(spec.get("must_fail_one_of", [])) + list(spec.get("may_fail", [])) + \
         list(spec.get("must_pass", []))
     for key, test in tests.items():  # anything else may only fail as not attempted (a slot it skips)
-        if any(matches(key, p) for p in listed) or test["status"] == "passed":
+        if any(matches(key, p) for p in listed) or test.get("status") == "passed":
             continue
         if test["extra_data"].get("outcome") not in ("not_attempted", "import_error"):
             problems.append(f"{key} failed unexpectedly: {test['output'][:300]}")
@@ -250,7 +250,7 @@ def test_controls_unchanged(class_run, solo_run, name):
     """A control's results are the same graded next to the hostile examples as graded alone."""
     solo = solo_run(name)
     assert solo["returncode"] in (0, 1), solo["output"]
-    strip = lambda r: sorted((t["name"], t["score"], t["max_score"], t["status"]) for t in r["tests"])
+    strip = lambda r: sorted((t["name"], t["score"], t["max_score"], t.get("status")) for t in r["tests"])
     assert strip(results(class_run["reports"], name)) == strip(results(solo["reports"], name))
 
 

@@ -159,7 +159,7 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
     # The old columns first, unchanged, so nothing that reads them by position breaks.
     assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed",
                              *(f"{p}_{kind}" for p in ADVICE_PARTS for kind in ("requirements", "advice")),
-                             "notes"]
+                             "notes", "complete"]
     assert [r["name"] for r in rows] == NAMES
     for row in rows:
         data = fixture_json(row["name"])
@@ -174,6 +174,7 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
             assert float(row[f"{part}_advice"]) == info["advice_score"]
             assert float(row[f"{part}_requirements"]) == pytest.approx(info["score"] - info["advice_score"])
         assert row["notes"] == " ".join(extra["notes"])
+        assert row["complete"] == "yes"  # every fixture's results are final
     bob = rows[NAMES.index("bob")]
     assert (bob["flash_triton"], bob["flash_triton_requirements"], bob["flash_triton_advice"]) == ("13.7", "13", "0.7")
     assert rows[NAMES.index("dave")]["notes"].startswith("The submission declares jaxtyping (pyproject.toml)")
@@ -288,7 +289,7 @@ def test_unreadable_results_json_still_gets_a_row(tmp_path):
     build_reports(reports)
     rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
     assert rows["zoe"][-2][1].startswith("Not graded: results.json could not be read:")
-    assert "zoe,,,,,,,,,0,0," in (reports / "grades.csv").read_text()
+    assert "zoe,,,,,,,,,0 (incomplete),0," in (reports / "grades.csv").read_text()  # not a grade: regrade
 
 
 def test_pass_rates_by_check_and_case_family(staff):
@@ -509,7 +510,7 @@ def test_results_without_sources_build_as_before(tmp_path):
     assert rows["bob"][2 + PARTS.index("flash_triton")][1] == "13.7/14.9"
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed", "notes"]
+    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed", "notes", "complete"]
     assert all(r["notes"] == "" for r in rows)
 
 
@@ -550,4 +551,4 @@ def test_malformed_source_fields_do_not_break_the_page(tmp_path):
     page = (reports / "odd" / "index.html").read_text()
     assert "Advice (beyond the handout)" in page and 'title="judged at 32 precision">32</span>' in page
     csv_text = (reports / "grades.csv").read_text()
-    assert csv_text.splitlines()[0].endswith(",seed,flash_triton_requirements,flash_triton_advice,notes")
+    assert csv_text.splitlines()[0].endswith(",seed,flash_triton_requirements,flash_triton_advice,notes,complete")
