@@ -109,6 +109,20 @@ def requirement_name(text: str) -> str | None:
     return match.group(1) if match else None
 
 
+def write_metadata(root: Path, env: CourseEnv, site: str) -> str:
+    """Write into `site` a dist-info for the repo's own packages and its path dependencies, so
+    `importlib.metadata.version("cs336-systems")` works in a plain checkout as it does after the
+    course's `uv run` installed them. Returns `site`, for sys.path."""
+    project = read_pyproject(Path(root))[0].get("project", {})
+    names = set(env.distributions) | {str(project.get("name") or "") if isinstance(project, dict) else ""}
+    names |= {p.name for p in Path(root).iterdir() if p.is_dir() and p.name.startswith("cs336")}
+    for name in filter(None, (re.sub(r"[^A-Za-z0-9._-]", "_", str(n)).strip("._") for n in names)):
+        dist = Path(site) / f"{name.replace('-', '_')}-0.0.0.dist-info"
+        dist.mkdir(parents=True, exist_ok=True)  # pyproject's "cs336-systems" and the folder cs336_systems meet here
+        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
+    return site
+
+
 def _inside(path: str, root: str) -> bool:
     return path == root or path.startswith(root.rstrip(os.sep) + os.sep)
 

@@ -10,7 +10,6 @@ import faulthandler
 import importlib
 import importlib.util
 import os
-import re
 import sys
 import tempfile
 import time
@@ -51,27 +50,6 @@ class NotAttempted(Exception):
     pass
 
 
-def _fake_metadata(root: Path, extra_names=()) -> str:
-    """A dist-info for the repo's own packages and its path dependencies (`extra_names`), so
-    `importlib.metadata.version("cs336-systems")` works in a plain checkout as it does after the
-    course's `uv run` installed them."""
-    names = set(extra_names)
-    pyproject = root / "pyproject.toml"
-    if pyproject.exists():
-        import tomllib
-        try:
-            names.add(tomllib.loads(pyproject.read_text()).get("project", {}).get("name", ""))
-        except Exception:
-            pass
-    names |= {p.name for p in root.iterdir() if p.is_dir() and p.name.startswith("cs336")}
-    site = tempfile.mkdtemp(prefix="runner-metadata-")
-    for name in filter(None, (re.sub(r"[^A-Za-z0-9._-]", "_", str(n)).strip("._") for n in names)):
-        dist = Path(site) / f"{name.replace('-', '_')}-0.0.0.dist-info"
-        dist.mkdir(exist_ok=True)  # pyproject's "cs336-systems" and the folder cs336_systems meet here
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
-    return site
-
-
 def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
     """Import the adapters file with the sys.path `uv run` would give it: the repo's root, the
     submission.yaml's paths, and the path dependencies inside the repo (cs336-basics/, say), each
@@ -83,7 +61,7 @@ def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
     for note in env.refused:  # the harness reports these too (discover); here they go to the log
         print(f"[runner] {note}", flush=True)
     sys.path[:0] = ([str(root)] + [str(root / p) for p in extra_paths] + env.paths
-                    + [_fake_metadata(root, env.distributions)])
+                    + [course_env.write_metadata(root, env, tempfile.mkdtemp(prefix="runner-metadata-"))])
     relative = adapters_file.relative_to(root)
     if len(relative.parts) == 2 and (root / relative.parts[0] / "__init__.py").exists():
         return importlib.import_module(f"{relative.parts[0]}.{relative.stem}")  # e.g. tests.adapters

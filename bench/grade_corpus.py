@@ -66,14 +66,8 @@ def official_environment(repo: Path, scratch: Path) -> dict:
     from adapters import course_env
 
     env_info = course_env.read(repo)
-    site = scratch / "metadata"
-    names = set(env_info.distributions) | {p.name for p in repo.iterdir() if p.is_dir() and p.name.startswith("cs336")}
-    names.add("cs336-systems")
-    for name in names:
-        dist = site / f"{name.replace('-', '_')}-0.0.0.dist-info"
-        dist.mkdir(parents=True, exist_ok=True)
-        (dist / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: 0.0.0\n")
-    path = [str(repo), *env_info.paths, str(site)]
+    site = course_env.write_metadata(repo, env_info, str(scratch / "metadata"))
+    path = [str(repo), *env_info.paths, site]
     return {**os.environ, "PYTHONPATH": os.pathsep.join(path + [os.environ.get("PYTHONPATH", "")]),
             "PYTHONDONTWRITEBYTECODE": "1"}
 
