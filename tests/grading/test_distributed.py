@@ -579,28 +579,19 @@ def judge_state_balanced(count: int, total: int, largest: int, params: list, hel
     return None, evidence
 
 
-def test_sharded_state(grading, submission, check):
-    """Each rank's optimizer handles a non-empty part of the parameters, about 1/world_size of
-    them by count or by size (the handout: 'a subset of the parameters (approximately
-    1 / world_size)'): round-robin by count passes, and so does balancing by numel."""
-    c = check("sharded_optimizer", "state_sharded", "adamw")
+@pytest.mark.parametrize("name", ["state_sharded", "state_balanced"])
+def test_sharded_state(grading, submission, check, name):
+    """state_sharded (the handout: 'a subset of the parameters (approximately 1 / world_size)'):
+    each rank's optimizer handles a non-empty part of the parameters, about 1/world_size of them
+    by count or by size, so round-robin by count passes. state_balanced (advice, beyond the
+    handout): each rank holds at most 1/world_size of the AdamW state plus the largest
+    parameter's, i.e. shards balanced by size (numel), not by count."""
+    c = check("sharded_optimizer", name, "adamw")
     gate_sharded(c, grading, submission)
     reply, _ = sharded_run(grading, submission)
     ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
-    sentence, evidence = judge_state_sharded(*state_split(grading, ranks))
-    if sentence:
-        c.fail(sentence, evidence)
-    c.ok(evidence)
-
-
-def test_sharded_balanced(grading, submission, check):
-    """Beyond the handout (advice): each rank holds at most 1/world_size of the AdamW state plus
-    the largest parameter's, and some: shards balanced by size (numel), not by count."""
-    c = check("sharded_optimizer", "state_balanced", "adamw")
-    gate_sharded(c, grading, submission)
-    reply, _ = sharded_run(grading, submission)
-    ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
-    sentence, evidence = judge_state_balanced(*state_split(grading, ranks))
+    judge = judge_state_sharded if name == "state_sharded" else judge_state_balanced
+    sentence, evidence = judge(*state_split(grading, ranks))
     if sentence:
         c.fail(sentence, evidence)
     c.ok(evidence)
