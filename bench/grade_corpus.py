@@ -35,6 +35,9 @@ OFFICIAL = CORPUS / ".official"  # the course's tests/test_attention.py (hidden 
 OLD_GRADER = CORPUS / ".old-grader"
 WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
+sys.path.insert(0, str(ROOT))
+from adapters import course_env  # noqa: E402  (the grader's own reading of uv path dependencies)
+
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
 
 
@@ -62,9 +65,6 @@ def install_wheels() -> None:
 
 def official_environment(repo: Path, scratch: Path) -> dict:
     """PYTHONPATH as `uv run` leaves it: the repo, its path dependencies and their metadata."""
-    sys.path.insert(0, str(ROOT))
-    from adapters import course_env
-
     env_info = course_env.read(repo)
     site = course_env.write_metadata(repo, env_info, str(scratch / "metadata"))
     path = [str(repo), *env_info.paths, site]
