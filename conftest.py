@@ -1,25 +1,10 @@
 """One tests/ folder, two roles.
 
 `pytest` alone runs the project's own tests (tests/self). `pytest --impl PATH` grades
-submissions with the grading suite (tests/grading) and writes reports/.
+submissions with the grading suite (tests/grading) and writes reports/. The options and the
+grading plugin come from fa2_adapters/pytest_plugin.py, installed as a pytest11 entry point.
 """
 from pathlib import Path
-
-
-def pytest_addoption(parser):
-    from adapters import pytest_options
-
-    try:
-        pytest_options.pytest_addoption(parser)
-    except ValueError:  # already added by the installed entry point
-        pass
-
-
-def pytest_configure(config):
-    if config.getoption("--impl"):
-        from tests.grading.plugin import GradingPlugin
-        config.pluginmanager.register(GradingPlugin(config), "grading")
-
 
 ROOT = Path(__file__).resolve().parent
 

@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from adapters.cases import FlashCase  # noqa: E402
-from adapters.client import SubmissionRunner  # noqa: E402
-from adapters.discover import load_submission  # noqa: E402
+from fa2_adapters.wire.cases import FlashCase  # noqa: E402
+from fa2_adapters.harness.client import SubmissionRunner  # noqa: E402
+from fa2_adapters.harness.discover import load_submission  # noqa: E402
 from tests.grading.rubric import Rubric  # noqa: E402
 from tests.grading.test_timing import median_ms  # noqa: E402
 

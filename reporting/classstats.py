@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from .results import PART_ORDER, PART_LABELS
 
-# Case ids look like "bf16-113x203-d64-causal-4d-strided-x8" (adapters/cases.py FlashCase.id).
+# Case ids look like "bf16-113x203-d64-causal-4d-strided-x8" (fa2_adapters/wire/cases.py FlashCase.id).
 _CASE = re.compile(r"^(?P<dtype>fp16|bf16|fp32|fp64)-(?P<nq>\d+)x(?P<nk>\d+)-d(?P<d>\d+)"
                    r"-(?P<mask>causal|full)(?P<rest>(?:-[\w.]+)*)$")
 

@@ -15,7 +15,7 @@ The PyTorch slot always runs on the CPU, where the official tests run it; a GPU 
 shrink (N <= 256). Case ids must be unique within a slot: each check's result file is named
 after its id.
 """
-from adapters.cases import FlashCase
+from fa2_adapters.wire.cases import FlashCase
 
 ODD_PAIRS = [(113, 203), (203, 113), (128, 217), (1, 239), (127, 513), (1023, 1024), (17, 17)]
 

@@ -25,8 +25,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from adapters.client import SubmissionRunner
-from adapters.discover import defined_functions, find_submissions, stub_functions
+from fa2_adapters.harness.client import SubmissionRunner
+from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from tests.grading import results
 from tests.grading.rubric import Rubric
 
@@ -193,10 +193,16 @@ def describe(exc: BaseException) -> str:
     return text
 
 
+# The session's grading state, for the fixtures (tests/grading/conftest.py) and the hooks below.
+GRADING = pytest.StashKey[Grading]()
+
+
 class GradingPlugin:
+    """Registered by fa2_adapters/pytest_plugin.py under --impl, in the controller and in each worker."""
+
     def __init__(self, config):
         self.config = config
-        self.state = Grading(config)
+        self.state = config.stash[GRADING] = Grading(config)
         self.is_worker = hasattr(config, "workerinput")
         self.started = time.monotonic()
         self.pending = {}  # submission name -> checks not yet reported (controller only)
@@ -263,19 +269,6 @@ class GradingPlugin:
                     self.modules.add(module)
         if not self.is_worker:
             self._save_collected()
-
-    @pytest.fixture(scope="session")
-    def grading(self):
-        yield self.state
-        self.state.close()
-
-    @pytest.fixture
-    def check(self, request, grading, submission):
-        """Factory: check(part, name, case_id, tier) -> Check, recorded for this test."""
-        def make(part, name, case="", tier="default"):
-            request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
-            return request.node.grading_check
-        return make
 
     # -- recording -------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -404,6 +397,7 @@ class GradingPlugin:
         if not self.is_worker:
             self._set_pending([item.nodeid for item in session.items])
 
+    @pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` must still work
     def pytest_xdist_node_collection_finished(self, node, ids):
         if not self.pending:
             self._set_pending(ids)

@@ -1,6 +1,6 @@
 """DDP and sharded-optimizer checks, on 2 gloo ranks on the CPU.
 
-The runner spawns the ranks (adapters.distributed_ops) and sends back what each one held: the
+The runner spawns the ranks (fa2_adapters.runner.distributed_ops) and sends back what each one held: the
 parameters and buffers right after wrapping, the gradients after the first step's
 synchronisation, the final parameters, the optimizer state (elements, and how many parameters
 have some) and a log of the collectives with the phase of the training step they were issued
@@ -29,7 +29,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adapters.distributed_ops import DDP_FLAVOURS, build_model, make_batches
+from fa2_adapters.runner.distributed_ops import DDP_FLAVOURS, build_model, make_batches
 
 WORLD_SIZE = 2
 ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps

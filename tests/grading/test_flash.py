@@ -8,7 +8,7 @@ from functools import lru_cache, partial
 import pytest
 import torch
 
-from adapters.cases import make_inputs
+from fa2_adapters.wire.cases import make_inputs
 from reference.tolerance import course_close, expected_attention, judge_attention, tf32_attention_and_grads
 from tests.grading import diagnose, mistakes
 from tests.grading.matrix import COURSE_CASE, flash_cases, slot_device

@@ -1,6 +1,6 @@
 """FSDP checks (the 2026 edition's get_fsdp), on 2 gloo ranks on the CPU.
 
-The runner spawns the ranks (adapters.distributed_ops.fsdp_rank). Every rank builds the same toy
+The runner spawns the ranks (fa2_adapters.runner.distributed_ops.fsdp_rank). Every rank builds the same toy
 model, wraps it with get_fsdp (compute_dtype None, then float16), trains it for a few SGD steps
 over the wrapper's parameters() on its slice of each global batch, and returns
 fsdp_gather_full_params right after wrapping, after the first step and at the end, plus the size
@@ -25,7 +25,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from adapters.distributed_ops import build_model, make_batches
+from fa2_adapters.runner.distributed_ops import build_model, make_batches
 from tests.grading.test_distributed import (ATOL, RTOL, WORLD_SIZE, close, distributed_call, max_diff, names,
                                             one_thread, pick, settle_scenario)
 

@@ -6,7 +6,7 @@ a length where one N x N matrix would dwarf everything else.
 """
 import pytest
 
-from adapters.cases import FlashCase
+from fa2_adapters.wire.cases import FlashCase
 from tests.grading.matrix import MEMORY_CASE, slot_device
 from tests.grading.test_flash import run_case
 

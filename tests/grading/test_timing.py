@@ -7,9 +7,9 @@ outputs of the last timed call so that a cached answer fails.
 import pytest
 import torch
 
-from adapters.cases import FlashCase, make_inputs
-from adapters.client import PROJECT_ROOT, SubmissionRunner
-from adapters.discover import load_submission
+from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
 from reference.tolerance import judge_attention
 
 JUDGED_BATCH = 2

@@ -7,8 +7,8 @@ import math
 import pytest
 import torch
 
-from adapters.cases import FlashCase, make_inputs
-from adapters.discover import load_submission, stub_functions
+from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_adapters.harness.discover import load_submission, stub_functions
 from reference.oracle import attention_and_grads
 from reference.tolerance import expected_attention, judge_attention
 from tests.grading import diagnose, mistakes

@@ -15,11 +15,11 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from adapters.distributed_ops import state_held
+from fa2_adapters.runner.distributed_ops import state_held
 from reference import ddp
-from reference.distributed_testing import run_on_ranks
+from fa2_adapters.runner.ranks import run_on_ranks
 from reference.sharded_optimizer import ShardedOptimizer, state_numel
-from reference.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
 from tests.grading.test_distributed import judge_buffers, judge_state_balanced, judge_state_sharded
 
 WORLD_SIZE = 2
@@ -293,7 +293,7 @@ def test_sharded_optimizer_state_is_partitioned(sharded_run, scenario):
         assert 0 < h <= total / WORLD_SIZE + largest, (held, total, largest)
     # All ranks computed the same owner assignment: same per-rank numel tallies.
     assert ranks[0][scenario]["numel_per_rank"] == ranks[1][scenario]["numel_per_rank"]
-    # The grader's count (adapters.distributed_ops.state_held) sees the same elements, and each
+    # The grader's count (fa2_adapters.runner.distributed_ops.state_held) sees the same elements, and each
     # parameter with state on exactly one rank.
     assert [res[scenario]["state_held"][0] for res in ranks] == held
     assert sum(res[scenario]["state_held"][1] for res in ranks) == len(full.state)

@@ -30,7 +30,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # bf16 support of the interpreter: probe, and patch the simulator's dot if needed.
-from adapters.triton_interpreter import ensure_bf16_dot  # noqa: E402
+from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot  # noqa: E402
 
 BF16_SKIP_REASON = ensure_bf16_dot(interpreted=INTERPRET)
 

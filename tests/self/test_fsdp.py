@@ -14,8 +14,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from reference import fsdp
-from reference.distributed_testing import run_on_ranks
-from reference.toy_models import ToyModel, ToyModelWithTiedWeights
+from fa2_adapters.runner.ranks import run_on_ranks
+from fa2_adapters.runner.toy_models import ToyModel, ToyModelWithTiedWeights
 
 WORLD_SIZE, SEED, STEPS, BATCH, LR = 2, 0, 4, 8, 0.1
 

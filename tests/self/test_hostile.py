@@ -28,10 +28,10 @@ import pytest
 import torch
 import yaml
 
-from adapters import sandbox
-from adapters.cases import FlashCase
-from adapters.client import LOG_TAIL_BYTES, PROJECT_ROOT, Reply, SubmissionRunner
-from adapters.discover import load_submission
+from fa2_adapters.harness import sandbox
+from fa2_adapters.wire.cases import FlashCase
+from fa2_adapters.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, Reply, SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
@@ -577,10 +577,10 @@ def test_trusted_copy_is_enough_and_holds_no_solutions(tmp_path):
     runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
     try:
         files = {str(p.relative_to(runner.trusted)) for p in runner.trusted.rglob("*.py")}
-        assert {"adapters/runner.py", "reference/distributed_testing.py"} <= files
+        assert {"fa2_adapters/runner/serve.py", "fa2_adapters/runner/ranks.py"} <= files
         assert not files & {"reference/flash_pytorch.py", "reference/flash_triton.py", "reference/oracle.py",
                             "reference/tolerance.py", "reference/ddp.py", "reference/sharded_optimizer.py"}
-        code = ("import sys, adapters.runner, adapters.distributed_ops; "
+        code = ("import sys, fa2_adapters.runner.serve, fa2_adapters.runner.distributed_ops; "
                 "print(sorted(m for m in sys.modules if m.split('.')[0] in ('adapters', 'reference')))")
         proc = subprocess.run([sys.executable, "-I", "-c", f"import sys; sys.path.insert(0, {str(runner.trusted)!r}); {code}"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import yaml
 
-from adapters import course_env
+from fa2_adapters.runner import course_env
 
 ADAPTER_LOCATIONS = ("tests/adapters.py", "adapters.py")
 

@@ -1,6 +1,6 @@
 """The runner: the only process that ever imports a submission's code.
 
-Started by adapters.client as `python -m adapters.runner READ_FD WRITE_FD`, with its working
+Started by fa2_adapters.harness.client as `python -m fa2_adapters.runner.serve READ_FD WRITE_FD`, with its working
 directory in a private copy of the submission and its output going to a log file. It imports
 the adapters file, then serves requests: build inputs from a seed and a case, run the student's
 code, write the raw tensors to the exchange folder and say what happened. It judges nothing:
@@ -17,16 +17,16 @@ import traceback
 from pathlib import Path
 
 # Trusted modules load before the submission's root joins sys.path, so a student package
-# called `torch`, `triton` or `adapters` cannot shadow them.
+# called `torch` or `triton` cannot shadow them.
 import torch
 
-from adapters import course_env
-from adapters import instruments
-from adapters.cases import FlashCase, make_inputs
-from adapters.channel import Channel
-from adapters import flash_call
-from adapters import distributed_ops
-from reference.distributed_testing import run_on_ranks
+from fa2_adapters.runner import course_env
+from fa2_adapters.runner import instruments
+from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_adapters.wire.channel import Channel
+from fa2_adapters.runner import flash_call
+from fa2_adapters.runner import distributed_ops
+from fa2_adapters.runner.ranks import run_on_ranks
 
 try:
     import triton  # noqa: F401
@@ -199,7 +199,7 @@ class Runner:
         return {"tensors": self.save(request["tag"], got), "iters": len(seeds)}
 
     def op_distributed(self, request: dict) -> dict:
-        """Train on spawned ranks (adapters.distributed_ops); per scenario, what each rank returned.
+        """Train on spawned ranks (fa2_adapters.runner.distributed_ops); per scenario, what each rank returned.
 
         Gloo on CPU tensors, GPUs or not: the checks are about numerics and the order of
         collectives, which gloo shows as well as NCCL would (the course's own tests use gloo
@@ -267,7 +267,7 @@ def main() -> None:
     if fraction and torch.cuda.is_available():  # runners sharing a GPU: a fair share each
         torch.cuda.set_per_process_memory_fraction(float(fraction))
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
-        from adapters.triton_interpreter import ensure_bf16_dot
+        from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot
         ensure_bf16_dot(interpreted=True)
     root = Path(config["root"])
     adapters_file = root / config["adapters_file"]

@@ -3,10 +3,10 @@ resource limits, and a way to kill every process it ever started.
 
 Two halves live here:
 
-- the harness side (used by adapters.client): `isolation()` probes once per process what this
+- the harness side (used by fa2_adapters.harness.client): `isolation()` probes once per process what this
   machine allows; `claim_uid`, `kill_uid`, `processes` and `rss_bytes` manage one runner's
   processes; `launch_command` builds the command line that starts a runner confined.
-- the launcher (`python -I adapters/sandbox.py SPEC -- ARGV...`), which runs between the fork
+- the launcher (`python -I fa2_adapters/harness/sandbox.py SPEC -- ARGV...`), which runs between the fork
   and the runner's exec: it sets hard resource limits, enters new mount and network namespaces,
   builds a root of its own (a tmpfs holding binds of the system folders, the Python install and
   the runner's scratch folder, at their usual paths, plus a private /tmp and /dev/shm), chroots

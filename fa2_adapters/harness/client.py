@@ -1,7 +1,7 @@
 """The harness side of the trust boundary: start a submission's runner, call it, survive it.
 
-Each submission gets its own runner subprocess (adapters.runner) in a private copy of its
-directory, in its own process group, confined by adapters.sandbox: its own uid, the project and
+Each submission gets its own runner subprocess (fa2_adapters.runner.serve) in a private copy of its
+directory, in its own process group, confined by fa2_adapters.harness.sandbox: its own uid, the project and
 the class folder hidden, no network but loopback, hard limits on memory, file size, core dumps
 and process count (see sandbox.py for what each machine allows and the note it logs when it
 allows less). The runner imports trusted modules from a copy of just those (`trusted/` in its
@@ -31,17 +31,17 @@ from pathlib import Path
 
 import torch
 
-from adapters import sandbox
-from adapters.channel import Channel, ChannelClosed, ReceiveTimeout
-from adapters.discover import Submission
+from fa2_adapters.harness import sandbox
+from fa2_adapters.wire.channel import Channel, ChannelClosed, ReceiveTimeout
+from fa2_adapters.harness.discover import Submission
 
-PROJECT_ROOT = Path(__file__).resolve().parent.parent
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
 LOG_TAIL_BYTES = 8192
 LOG_KEEP_BYTES = 1 << 16  # what the runner's output tail holds in memory
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wandb", "*.pt", "*.ckpt")
 # What the runner imports from the project: copied into its scratch folder, nothing else.
-TRUSTED_MODULES = ["adapters/*.py", "reference/__init__.py", "reference/distributed_testing.py",
-                   "reference/toy_models.py"]
+# The runner side and the wire: exactly the code the runner trusts.
+TRUSTED_MODULES = ["fa2_adapters/__init__.py", "fa2_adapters/runner/*.py", "fa2_adapters/wire/*.py"]
 # The bundled reference submission links into reference/; only it may have links leaving its folder.
 TRUSTED_SUBMISSIONS = [PROJECT_ROOT / "submissions" / "reference", PROJECT_ROOT / "submissions" / "slow" / "tiles16"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
@@ -244,10 +244,10 @@ class SubmissionRunner:
         log_r, log_w = os.pipe()
         self._killed_for = None
         self._stopping = threading.Event()
-        argv = [sys.executable, "-P", "-m", "adapters.runner", str(to_runner_r), str(from_runner_w)]
+        argv = [sys.executable, "-P", "-m", "fa2_adapters.runner.serve", str(to_runner_r), str(from_runner_w)]
         self.process = subprocess.Popen(
-            # -P: the submission's folder (the cwd) does not go first on sys.path, so a
-            # root-level adapters.py cannot shadow this package; the runner adds it later.
+            # -P: the submission's folder (the cwd) does not go first on sys.path, so a root-level
+            # torch/ or triton/ cannot shadow the real ones; the runner adds it after importing them.
             sandbox.launch_command(self._sandbox_spec(root), argv) if self.isolation.get("launcher", True) else argv,
             cwd=root, env=self._runner_env(), stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
             pass_fds=(to_runner_r, from_runner_w), start_new_session=True)

@@ -1,6 +1,6 @@
 """What each rank does for the DDP and sharded-optimizer checks. Student-land: raw results only.
 
-`Runner.op_distributed` starts the ranks with reference.distributed_testing.run_on_ranks; each
+`Runner.op_distributed` starts the ranks with fa2_adapters.runner.ranks.run_on_ranks; each
 rank is a fresh spawned process that inherits the runner's sys.path and working directory,
 imports the submission's adapters module itself, trains a reference toy model through the
 student's functions and returns plain tensors, dicts and lists. The harness (tests/grading/
@@ -28,9 +28,10 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from reference.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# The folder holding fa2_adapters/: the runner's trusted copy, never the project itself.
+TRUSTED_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel, "uneven": UnevenModel}
 FEATURES = {"toy": (10, 5), "tied": (10, 5), "buffered": (10, 5), "uneven": (16, 4)}  # (in, out)
 
@@ -122,15 +123,15 @@ class NotAttemptedHere(Exception):
 
 @contextlib.contextmanager
 def trusted_first():
-    """Put the project's root first on sys.path while ranks start.
+    """Put the trusted modules first on sys.path while ranks start.
 
-    A spawned rank imports the runner, this module and reference.distributed_testing through the
-    sys.path it inherits, and the runner's has the submission's root in front, where an
-    `adapters.py` or a `reference/` of the student's would shadow ours. The rank puts the
-    submission's sys.path back (load_submission) once those are imported.
+    A spawned rank imports torch, this module and fa2_adapters.runner.ranks through the sys.path
+    it inherits, and the runner's has the submission's root in front, where a top-level torch/
+    of the student's would shadow the real one. The rank puts the submission's sys.path back
+    (load_submission) once those are imported.
     """
     saved = sys.path[:]
-    sys.path[:] = [PROJECT_ROOT] + [p for p in saved if p != PROJECT_ROOT]
+    sys.path[:] = [TRUSTED_ROOT] + [p for p in saved if p != TRUSTED_ROOT]
     try:
         yield saved
     finally:

@@ -1,0 +1,1 @@
+"""Inside the sandbox: the runner and what it imports. Only runner/ and wire/ are trusted there."""

@@ -1,0 +1,1 @@
+"""Shared by the harness and the runner: the message channel and the attention cases."""

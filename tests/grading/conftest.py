@@ -1,0 +1,22 @@
+"""The grading tests' fixtures: `grading` (the session's state) and `check` (a check's record).
+
+`submission` is parametrized by the grading plugin (plugin.py pytest_generate_tests)."""
+import pytest
+
+from tests.grading.plugin import GRADING, Check
+
+
+@pytest.fixture(scope="session")
+def grading(pytestconfig):
+    state = pytestconfig.stash[GRADING]
+    yield state
+    state.close()
+
+
+@pytest.fixture
+def check(request, grading, submission):
+    """Factory: check(part, name, case_id, tier) -> Check, recorded for this test."""
+    def make(part, name, case="", tier="default"):
+        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
+        return request.node.grading_check
+    return make
