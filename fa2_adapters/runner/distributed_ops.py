@@ -43,8 +43,6 @@ DDP_FLAVOURS = {
 }
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
                "reduce_scatter_single", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
-REDUCING = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
-            "reduce_scatter_single")
 
 
 # -- inputs, shared with the harness ----------------------------------------------------------

@@ -22,7 +22,7 @@ import torch
 
 from fa2_adapters.runner import course_env
 from fa2_adapters.runner import instruments
-from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from fa2_adapters.wire.channel import Channel
 from fa2_adapters.runner import flash_call
 from fa2_adapters.runner import distributed_ops
@@ -32,12 +32,6 @@ try:
     import triton  # noqa: F401
 except Exception:
     pass
-
-FLASH_SLOTS = {
-    "pytorch": "get_flashattention_autograd_function_pytorch",
-    "triton": "get_flashattention_autograd_function_triton",
-}
-
 
 # Bound now, before any submission is imported: patching time.perf_counter, torch.equal or
 # torch.cuda.synchronize (to make a timed call look shorter) changes nothing here.

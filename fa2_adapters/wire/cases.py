@@ -12,6 +12,11 @@ import torch
 DTYPES = {"float32": torch.float32, "float16": torch.float16, "bfloat16": torch.bfloat16,
           "float64": torch.float64}
 SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
+# The attention slots a request names, and the adapter function that returns each slot's class.
+FLASH_SLOTS = {
+    "pytorch": "get_flashattention_autograd_function_pytorch",
+    "triton": "get_flashattention_autograd_function_triton",
+}
 
 
 @dataclass(frozen=True)
