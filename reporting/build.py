@@ -19,7 +19,7 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from . import classstats, plots
-from .results import HIDDEN_VISIBILITY, load_all
+from .page_model import HIDDEN_VISIBILITY, load_all
 
 
 def _points(x) -> str:

@@ -69,7 +69,7 @@ def _text(x, y, s, anchor="start", extra="") -> str:
     return f'<text x="{x:.1f}" y="{y:.1f}" text-anchor="{anchor}" {extra}>{escape(s)}</text>'
 
 
-def _thin(n, size, spacing=14) -> int:
+def _thin(size, spacing=14) -> int:
     """Label every k-th tick so labels `size` px apart are at least `spacing` px apart."""
     return max(1, math.ceil(spacing / size)) if size else 1
 
@@ -103,7 +103,9 @@ class _ErrorScale:
 
 
 def heatmap_svg(heatmap: dict, bound=None):
-    """Max abs error per (query tile, key tile) block, with a colour legend.
+    """Max abs error per cell, with a colour legend: as tests/grading/diagnose.py heatmap() draws
+    it, a row per tile of the tensor's own rows (query tiles for o, L and dq, key tiles for dk
+    and dv) and a column per batch x head; the labels say so when results.json gives them.
 
     `bound` (the verdict's max_bound for this tensor) splits the colour scale, and cells over it
     get a dark outline, so failing tiles stand out even when printed in grey.
@@ -119,8 +121,8 @@ def heatmap_svg(heatmap: dict, bound=None):
     scale = _ErrorScale([v for v in cells if _finite(v)], bound)
     tensor = str(heatmap.get("tensor") or "")
     what = f"{tensor} error" if tensor else "error"
-    row_label = str(heatmap.get("row_label") or "query tile")
-    col_label = str(heatmap.get("col_label") or "key tile")
+    row_label = str(heatmap.get("row_label") or ("key tile" if tensor in ("dk", "dv") else "query tile"))
+    col_label = str(heatmap.get("col_label") or "batch x head")
     subtitle = f"rows: {row_label} · columns: {col_label}"
     cw = 56 if cols == 1 else min(max(360 / cols, 4), 40)
     ch = min(max(300 / rows, 4), 26)
@@ -151,11 +153,11 @@ def heatmap_svg(heatmap: dict, bound=None):
                 tip += f" (over the bound {fmt(bound)})"
             body.append(f'<rect x="{left + j * cw:.1f}" y="{top + i * ch:.1f}" width="{cw:.1f}" '
                         f'height="{ch:.1f}" fill="{fill}"{stroke}><title>{escape(tip)}</title></rect>')
-    for i in range(0, rows, _thin(rows, ch, 13)):
+    for i in range(0, rows, _thin(ch, 13)):
         label = row_starts[i] if i < len(row_starts) else i
         body.append(_text(left - 5, top + i * ch + ch / 2 + 4, str(label), "end"))
     if cols > 1:
-        for j in range(0, cols, _thin(cols, cw, 30)):
+        for j in range(0, cols, _thin(cw, 30)):
             label = col_starts[j] if j < len(col_starts) else j
             body.append(_text(left + j * cw + cw / 2, top + grid_h + 14, str(label), "middle"))
     x_title = col_label

@@ -15,7 +15,10 @@ def grading(pytestconfig):
 
 @pytest.fixture
 def check(request, grading, submission):
-    """Factory: check(part, name, case_id, tier) -> Check, recorded for this test."""
+    """Factory: check(part, name, case="", tier="default") -> Check, recorded for this test.
+
+    case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
+    `.to_json()`), whose fields the record then carries as data."""
     def make(part, name, case="", tier="default"):
         request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
         return request.node.grading_check

@@ -5,10 +5,10 @@ each check the moment it finishes, and at the end of the session assembles every
 results.json and builds the HTML reports. Under xdist a submission's checks stay on one worker
 (`--dist loadgroup`), so its runner starts once, while a class spreads over all workers.
 
-Only the controller writes under reports/ (tests/grading/results.py says which file is whose):
-workers send what they find on the test reports' user_properties, the check record as
-"grading_check", the runner's facts as "grading_runner" and, once, the tests they collected as
-"grading_collected".
+Only the controller writes under reports/ (tests/grading/record_store.py says which file is
+whose): workers send what they find on the test reports' user_properties, the check record as
+"grading_check" (CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's
+facts as "grading_runner" and, once, the tests they collected as "grading_collected".
 
 An exception raised by the grader's own code in a test (the harness, the oracle, a file read)
 is not the student's failure: the test is run once more, and if the grader fails again the
@@ -20,6 +20,7 @@ import platform
 import sys
 import time
 import traceback
+from collections import Counter
 from pathlib import Path
 
 import pytest
@@ -27,28 +28,39 @@ import torch
 
 from fa2_adapters.harness.client import SubmissionRunner
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
-from tests.grading import results
+from reporting.build import build_reports
+from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
+from tests.grading import record_store
 from tests.grading.rubric import Rubric
 
 
+def case_data(case) -> tuple:
+    """(id, fields) of a check's case: a case id alone (fields {}), or an object with `.id` and
+    `.to_json()` (fa2_adapters.wire.cases.FlashCase), whose fields become plain JSON data."""
+    if isinstance(case, str):
+        return case, {}
+    fields = {key: list(value) if isinstance(value, tuple) else value for key, value in case.to_json().items()}
+    return case.id, fields
+
+
 class Check:
-    """What one test found, in the shape results.py writes. Tests fill it, then `settle()`."""
+    """What one test found, as a CheckRecord (`.record`). Tests fill it through fail, ok, skip,
+    update and settle_reply; the plugin settles it when the test's report comes."""
 
     def __init__(self, submission, part, check, case, tier, rubric):
-        self.record = {"submission": submission.name, "part": part, "check": check, "case": case,
-                       "tier": tier, "group": rubric.group_of(part, check, tier),
-                       "source": rubric.source(rubric.group_of(part, check, tier)),
-                       "advice": rubric.advice(rubric.group_of(part, check, tier)),
-                       "name": f"{submission.name}::{part}::{check}" + (f"[{case}]" if case else ""),
-                       "outcome": "error", "diagnosis": "", "output": "", "seconds": 0.0}
+        case_id, case_fields = case_data(case)
+        group = rubric.group_of(part, check, tier)
+        self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
+                                  case_fields=case_fields, tier=tier, group=group,
+                                  source=rubric.source(group), advice=rubric.advice(group))
 
     def update(self, **fields):
-        self.record.update({k: v for k, v in fields.items() if v is not None})
+        self.record.update(**fields)
 
     def fail(self, diagnosis: str, evidence: str = "", outcome: str = "failed", **details):
         self.update(outcome=outcome, diagnosis=diagnosis,
                     output=diagnosis + ("\n" + evidence if evidence else ""), **details)
-        pytest.fail(self.record["output"], pytrace=False)
+        pytest.fail(self.record.output, pytrace=False)
 
     def ok(self, note: str = "", **details):
         self.update(outcome="passed", output=note or "passed", **details)
@@ -131,7 +143,7 @@ class Grading:
         if key not in self._replies:
             runner = self.runner(submission)
             reply = runner.call(request, timeout, what)
-            tensors = runner.load_tensors(reply) if reply.ok else {}
+            tensors = reply.tensors if reply.ok else {}
             self._replies[key] = (reply, tensors)
             self.note_runner(submission, runner, reply)
         return self._replies[key]
@@ -208,7 +220,7 @@ class GradingPlugin:
         self.pending = {}  # submission name -> checks not yet reported (controller only)
         # Test ids collected this session per submission, before -k / --deselect, and the modules
         # collected whole: what a complete result needs, and which old records are stale (see
-        # results.current_records). Workers collect; the controller learns it from their reports.
+        # record_store.current_records). Workers collect; the controller learns it from their reports.
         self.collected = {}
         self.modules = set()
         self._collected_sent = False
@@ -229,16 +241,16 @@ class GradingPlugin:
         if self.is_worker or self.config.option.collectonly:
             return
         # Check files are kept: a check this session does not run keeps its last result, and one
-        # it runs is overwritten (results.assemble decides which records are current). The
+        # it runs is overwritten (record_store.assemble decides which records are current). The
         # runner's facts stay too until this session's runner replaces them.
         for s in self.state.submissions:
-            old = results.read_info(self.state.reports, s.name)
+            old = record_store.read_info(self.state.reports, s.name)
             self.info[s.name] = {
                 "student": s.student, "seed": self.state.seed,
                 "ungradable": s.problem or old.get("ungradable"),
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **({"runner_log_tail": old["runner_log_tail"]} if old.get("runner_log_tail") else {})}
-            results.write_info(self.state.reports, s.name, self.info[s.name])
+            record_store.write_info(self.state.reports, s.name, self.info[s.name])
         names = ", ".join(s.name for s in self.state.submissions) or "none"
         print(f"\ngrading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
 
@@ -259,10 +271,13 @@ class GradingPlugin:
                     partial.add(path.relative_to(config.rootpath).as_posix())
                 except ValueError:
                     partial.add(arg.split("::", 1)[0])
+        # The marker is xdist's: without the plugin (-p no:xdist) pytest would warn it is unknown.
+        grouping = config.pluginmanager.hasplugin("xdist")
         for item in items:
             name = submission_of(item)
             if name is not None:
-                item.add_marker(pytest.mark.xdist_group(name))
+                if grouping:
+                    item.add_marker(pytest.mark.xdist_group(name))
                 item.grading_nodeid = item.nodeid  # without the "@group" xdist appends
                 self.collected.setdefault(name, set()).add(item.nodeid)
                 if (module := item.nodeid.split("::", 1)[0]) not in partial:
@@ -293,13 +308,10 @@ class GradingPlugin:
         return None
 
     @staticmethod
-    def _stand_in(item, name) -> dict:
+    def _stand_in(item, name) -> CheckRecord:
         """A record for a grading test that failed before it made its check (in a fixture, say)."""
         case = item.callspec.id.replace(name, "", 1).replace("--", "-").strip("-")
-        return {"submission": name, "part": "grader", "check": item.originalname, "case": case, "tier": "",
-                "group": "", "source": "", "advice": False, "stand_in": True,
-                "name": f"{name}::grader::{item.originalname}" + (f"[{case}]" if case else ""),
-                "outcome": "error", "diagnosis": "", "output": "", "seconds": 0.0}
+        return CheckRecord(submission=name, part="grader", check=item.originalname, case=case, stand_in=True)
 
     def _record(self, item, report, call, name):
         """The check record this report settles, or None (teardown, or nothing to record)."""
@@ -310,23 +322,23 @@ class GradingPlugin:
             return None
         record = check.record if check is not None else self._stand_in(item, name)
         fault = getattr(item, "grading_fault", None)
-        if report.passed and record["outcome"] == "error" and not record["diagnosis"]:
-            record.update(outcome="passed", output=record["output"] or "passed")
-        elif report.skipped and record["outcome"] != "skipped":
+        if report.passed and record.outcome == "error" and not record.diagnosis:
+            record.update(outcome="passed", output=record.output or "passed")
+        elif report.skipped and record.outcome != "skipped":
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             record.update(outcome="skipped", output=f"skipped: {reason}")
-        elif report.failed and (fault or report.when == "setup" or not record["diagnosis"]):
+        elif report.failed and (fault or report.when == "setup" or not record.diagnosis):
             if not fault:  # failed in setup (not retried), or through pytest.fail outside Check
                 if call.excinfo is not None:
                     message = describe(call.excinfo.value)
                 else:
                     message = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"
                 fault = [message + (" (in setup)" if report.when == "setup" else "")]
-            record.update(outcome=results.GRADER_ERROR, diagnosis=results.grader_error_diagnosis(fault),
+            record.update(outcome=GRADER_ERROR, diagnosis=grader_error_diagnosis(fault),
                           output=str(report.longrepr)[-20000:], attempts=fault)  # the traceback, for staff
-        if getattr(item, "grading_retried", None) and record["outcome"] != results.GRADER_ERROR:
-            record["retried_after"] = item.grading_retried  # the first attempt's grader error
-        record["nodeid"] = getattr(item, "grading_nodeid", item.nodeid.split("@", 1)[0])
+        if getattr(item, "grading_retried", None) and record.outcome != GRADER_ERROR:
+            record.retried_after = item.grading_retried  # the first attempt's grader error
+        record.nodeid = getattr(item, "grading_nodeid", item.nodeid.split("@", 1)[0])
         return record
 
     @pytest.hookimpl(hookwrapper=True)
@@ -344,7 +356,7 @@ class GradingPlugin:
         if facts := self.state.runner_facts.pop(name, None):
             sent.append(("grading_runner", facts))
         if (record := self._record(item, report, call, name)) is not None:
-            sent.append(("grading_check", record))
+            sent.append(("grading_check", record.to_json()))
         if sent:
             report.user_properties = [*report.user_properties, *sent]
 
@@ -359,13 +371,13 @@ class GradingPlugin:
             self._save_collected()
         if facts := sent.get("grading_runner"):
             self._note_runner(facts)
-        record = sent.get("grading_check")
-        if record is None:
+        if (sent_record := sent.get("grading_check")) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 print(f"\n{report.nodeid}: failed without a result (worker crash?)", file=sys.stderr)
             return
-        results.write_check(self.state.reports, record)
-        self._count_done(record["submission"])
+        record = CheckRecord.from_json(sent_record)
+        record_store.write_check(self.state.reports, record)
+        self._count_done(record.submission)
 
     def _note_runner(self, facts):
         """The runner's facts, into info.json (written here only: the controller owns it)."""
@@ -379,33 +391,40 @@ class GradingPlugin:
             info["ungradable"] = problem
             info.pop("runner_log_tail", None)
         info.update({k: facts[k] for k in ("ungradable", "runner_log_tail") if facts.get(k) is not None})
-        results.write_info(self.state.reports, name, info)
+        record_store.write_info(self.state.reports, name, info)
 
     def _save_collected(self):
         """What a full run holds, per submission, into collected.json (the controller's file)."""
         if self.config.option.collectonly:
             return
         for s in self.state.submissions:
-            results.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
-                                     self.modules)
+            record_store.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
+                                          self.modules)
 
     def _assemble(self, name):
-        return results.assemble(self.state.reports, name, self.state.rubric)
+        return record_store.assemble(self.state.reports, name, self.state.rubric)
 
     # -- progress --------------------------------------------------------------------------
     def pytest_collection_finish(self, session):
-        if not self.is_worker:
-            self._set_pending([item.nodeid for item in session.items])
+        if not self.is_worker and session.items:  # without xdist: the controller holds the items
+            self._set_pending(submission_of(item) for item in session.items)
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` must still work
     def pytest_xdist_node_collection_finished(self, node, ids):
         if not self.pending:
-            self._set_pending(ids)
+            self._set_pending(self._submission_of_id(i) for i in ids)
 
-    def _set_pending(self, ids):
-        for s in self.state.submissions:
-            self.pending[s.name] = sum(1 for i in ids if i.endswith(f"@{s.name}") or f"[{s.name}" in i
-                                       or f"-{s.name}]" in i or f"-{s.name}-" in i)
+    def _submission_of_id(self, nodeid: str):
+        """The submission of a test id as a worker reports it under loadgroup, "<id>@<group>", the
+        group being the submission's name (the longest that fits, should one name end another)."""
+        names = [s.name for s in self.state.submissions if nodeid.endswith(f"@{s.name}")]
+        return max(names, key=len, default=None)
+
+    def _set_pending(self, names):
+        """Pending checks per submission, from the submission of each collected test (None: not a
+        grading test). Counted by exact name: a substring would count s10's tests as s1's."""
+        counts = Counter(name for name in names if name is not None)
+        self.pending = {s.name: counts[s.name] for s in self.state.submissions}
 
     def _count_done(self, name):
         if name not in self.pending:
@@ -427,10 +446,6 @@ class GradingPlugin:
             graded = self._assemble(s.name)
             summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         self.summary = summary
-        try:
-            from reporting.build import build_reports
-        except ImportError:
-            return
         build_reports(self.state.reports, student_view=self.config.getoption("--student-view"))
 
     def pytest_terminal_summary(self, terminalreporter):

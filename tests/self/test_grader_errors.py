@@ -21,11 +21,13 @@ import sys
 import textwrap
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from reporting import build_reports
-from tests.grading import results
+from reporting.record import CheckRecord, grader_error_diagnosis
+from tests.grading import record_store
 from tests.grading.rubric import Rubric
 
 from .test_reports import table_rows
@@ -66,11 +68,11 @@ def pytest_collection_finish(session):
 NO_WORKER_WRITES = '''
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
-        from tests.grading import results
+        from tests.grading import record_store
 
         def refuse(path, data):
             raise AssertionError(f"a worker wrote {path}")
-        results.write_json = refuse
+        record_store.write_json = refuse
 '''
 
 
@@ -268,12 +270,13 @@ def _hammer(reports: str, seconds: float, tag: int):
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
-        results.write_info(Path(reports), "alice", {"writer": tag, "n": n, "runner_log_tail": "x" * (20000 + tag)})
+        record_store.write_info(Path(reports), "alice",
+                                {"writer": tag, "n": n, "runner_log_tail": "x" * (20000 + tag)})
         n += 1
 
 
 def test_info_json_written_by_several_processes_is_always_whole(tmp_path):
-    results.write_info(tmp_path, "alice", {"writer": -1})
+    record_store.write_info(tmp_path, "alice", {"writer": -1})
     ctx = multiprocessing.get_context("spawn")
     writers = [ctx.Process(target=_hammer, args=(str(tmp_path), 3.0, i)) for i in range(3)]
     for w in writers:
@@ -297,9 +300,8 @@ def test_info_json_written_by_several_processes_is_always_whole(tmp_path):
 def record(name, outcome="passed", nodeid=None, group="flash_pytorch.forward.course", **extra):
     part, rest = name.split("::")
     check, _, case = rest.partition("[")
-    return {"submission": "alice", "part": part, "check": check, "case": case.rstrip("]"), "tier": "course",
-            "group": group, "name": f"alice::{name}", "outcome": outcome, "diagnosis": "",
-            "output": outcome, "seconds": 1.0, "nodeid": nodeid, **extra}
+    return CheckRecord(submission="alice", part=part, check=check, case=case.rstrip("]"), tier="course",
+                       group=group, outcome=outcome, output=outcome, seconds=1.0, nodeid=nodeid, **extra)
 
 
 MOD = "tests/grading/test_flash.py"
@@ -311,7 +313,7 @@ def ids(*cases):
 
 def test_assemble_counts_only_current_records(tmp_path):
     rubric = Rubric()
-    write = lambda r: results.write_check(tmp_path, r)
+    write = lambda r: record_store.write_check(tmp_path, r)
     write(record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]"))
     write(record("flash_pytorch::forward[b]", nodeid=f"{MOD}::test_forward[alice-pytorch-b]"))
     write(record("flash_pytorch::forward[old]", "failed", nodeid=f"{MOD}::test_forward[alice-pytorch-old]"))
@@ -322,7 +324,7 @@ def test_assemble_counts_only_current_records(tmp_path):
 
     # A session that collected test_flash.py only: the renamed case ("old") and the legacy record
     # do not count; the DDP record, from a module this session did not collect, keeps its result.
-    graded = results.assemble(tmp_path, "alice", rubric, expected=ids("a", "b"), modules={MOD})
+    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b"), modules={MOD})
     names = sorted(t["name"] for t in graded["tests"])
     assert names == ["alice::ddp::equivalence[x]", "alice::flash_pytorch::forward[a]",
                      "alice::flash_pytorch::forward[b]"]
@@ -332,7 +334,7 @@ def test_assemble_counts_only_current_records(tmp_path):
     assert by_name(graded)["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(round(points / 2, 4))
 
     # One more collected case that never ran: incomplete, and the output says so first.
-    graded = results.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c"), modules={MOD})
+    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c"), modules={MOD})
     assert graded["extra_data"]["incomplete"] is True
     assert graded["output"].startswith("incomplete: 3 of 4 checks graded (1 never run)")
     assert [u["nodeid"] for u in graded["extra_data"]["ungraded"]] == sorted(ids("c"))
@@ -340,12 +342,12 @@ def test_assemble_counts_only_current_records(tmp_path):
 
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
     nodeid = f"{MOD}::test_forward[alice-pytorch-a]"
-    results.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
+    record_store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
     time.sleep(0.01)
     # The same test, renamed check (a stand-in written when the grader failed in a fixture, say)
-    results.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", nodeid=nodeid, group="",
+    record_store.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", nodeid=nodeid, group="",
                                          stand_in=True, diagnosis="not graded: the grader itself failed (x)"))
-    graded = results.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
+    graded = record_store.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
     assert [t["name"] for t in graded["tests"]] == ["alice::grader::test_forward[a]"]
     assert "grader" not in graded["extra_data"]["parts"]  # a stand-in makes no part of its own
     assert graded["extra_data"]["incomplete"] is True and graded["score"] == 0 == graded["max_score"]
@@ -355,11 +357,11 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
     rubric = Rubric()
     good = record("flash_pytorch::forward[a]", nodeid="a")
     broken = record("flash_pytorch::forward[b]", "grader_error", nodeid="b",
-                    diagnosis=results.grader_error_diagnosis(["KeyError: 'o' at x.py:1", "KeyError: 'o' at x.py:1"]),
+                    diagnosis=grader_error_diagnosis(["KeyError: 'o' at x.py:1", "KeyError: 'o' at x.py:1"]),
                     attempts=["KeyError: 'o' at x.py:1"] * 2)
     for r in (good, broken):
-        results.write_check(tmp_path, r)
-    graded = results.assemble(tmp_path, "alice", rubric, expected={"a", "b"}, modules={MOD})
+        record_store.write_check(tmp_path, r)
+    graded = record_store.assemble(tmp_path, "alice", rubric, expected={"a", "b"}, modules={MOD})
     share = round(rubric.points("flash_pytorch.forward.course") / 2, 4)
     tests = by_name(graded)
     assert tests["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(share)
@@ -377,8 +379,8 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
 
 
 def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
-    results.write_check(tmp_path, record("flash_pytorch::forward[a]", nodeid="a"))
-    results.assemble(tmp_path, "alice", Rubric(), expected={"a", "secret-hidden-case"}, modules={MOD})
+    record_store.write_check(tmp_path, record("flash_pytorch::forward[a]", nodeid="a"))
+    record_store.assemble(tmp_path, "alice", Rubric(), expected={"a", "secret-hidden-case"}, modules={MOD})
     build_reports(tmp_path, student_view=True)
     page = (tmp_path / "alice" / "index.html").read_text()
     assert "secret-hidden-case" not in page
@@ -387,14 +389,28 @@ def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
 
 def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
     flash, ddp = "tests/grading/test_flash.py", "tests/grading/test_distributed.py"
-    results.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"], {flash, ddp})
+    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"],
+                                  {flash, ddp})
     # A later session names one flash test by its id: it adds, it does not shrink the module.
-    results.update_collected(tmp_path, "alice", [f"{flash}::t[new]"], set())
-    expected, whole = results.load_collected(tmp_path, "alice")
+    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[new]"], set())
+    expected, whole = record_store.load_collected(tmp_path, "alice")
     assert expected == {f"{flash}::t[a]", f"{flash}::t[b]", f"{flash}::t[new]", f"{ddp}::d[x]"}
     assert whole == {flash, ddp}
     # The whole module collected again, a case renamed: the old one is gone.
-    results.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b2]"], {flash})
-    expected, _ = results.load_collected(tmp_path, "alice")
+    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b2]"], {flash})
+    expected, _ = record_store.load_collected(tmp_path, "alice")
     assert expected == {f"{flash}::t[a]", f"{flash}::t[b2]", f"{ddp}::d[x]"}
-    assert results.load_collected(tmp_path, "nobody") == (None, None)
+    assert record_store.load_collected(tmp_path, "nobody") == (None, None)
+
+
+# -- progress ------------------------------------------------------------------------------------
+
+def test_progress_counts_each_submission_by_its_exact_name():
+    """s1's pending checks are s1's alone: a test id of s10 contains "[s1" too."""
+    from tests.grading.plugin import GradingPlugin
+    plugin = GradingPlugin.__new__(GradingPlugin)  # its state only, no pytest config
+    plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
+    ids = [f"{MOD}::test_forward[s1-pytorch-a]@s1", f"{MOD}::test_forward[s10-pytorch-a]@s10",
+           f"{MOD}::test_backward[s10-pytorch-a]@s10", "tests/self/test_oracle.py::test_x"]
+    plugin._set_pending(plugin._submission_of_id(i) for i in ids)
+    assert plugin.pending == {"s1": 1, "s10": 2}

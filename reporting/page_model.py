@@ -1,31 +1,23 @@
-"""Read reports/<name>/results.json into plain objects the templates can show as they are.
+"""Read reports/<name>/results.json into what the templates show: a SubmissionReport per file,
+its parts, and its checks as reporting.record.CheckRecord (CheckRecord.from_gradescope).
 
 results.json is written by the grading plugin in Gradescope's schema, but everything in it is
 treated as untrusted and possibly incomplete: a missing key degrades to a dash, never a crash,
 because a page that fails to build hides the very submission someone needs to look at.
+
+Parts come in the order results.json lists them (the rubric's, as record_store.assemble writes
+them), labelled as it labels them, the part's key standing in for a missing label.
 """
 import json
-import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-PART_ORDER = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
-PART_LABELS = {
-    "flash_pytorch": "PyTorch FA2", "flash_triton": "Triton FA2", "ddp": "DDP",
-    "sharded_optimizer": "Sharded optimizer", "fsdp": "FSDP", "timing": "Timing", "memory": "Memory",
-}
-FAILED_OUTCOMES = {"failed", "not_attempted", "error", "timeout", "crash"}
-# The grader itself failed on the check: neither passed nor failed, unscored, to be regraded.
-GRADER_ERROR = "grader_error"
+from .record import CheckRecord
+
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
-# Keys the templates read; filled with None when results.json lacks them.
-VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
-                "oracle_at_worst", "actual_at_worst")
 ENVIRONMENT_KEYS = ("device", "torch", "triton", "triton_interpreter", "python")
-# A check's source starting with this is advice (a best practice the handout does not ask for).
-ADVICE_PREFIX = "beyond the handout"
 
 
 @dataclass
@@ -57,49 +49,8 @@ class Part:
 
 
 @dataclass
-class Check:
-    name: str
-    part: str
-    check: str
-    case: str
-    tier: str
-    outcome: str  # as the plugin reported it: passed, failed, timeout, crash, grader_error, ...
-    state: str  # what the page groups by: "failed", "passed", "skipped" or "ungraded" (grader error)
-    diagnosis: str
-    evidence: str  # the output text, without its first line when that just repeats the diagnosis
-    score: float
-    max_score: float
-    visibility: str
-    tags: list
-    verdicts: list  # [{"tensor": "dq", "ok": False, ...}]
-    heatmaps: list
-    timing: dict | None
-    memory: dict | None
-    source: str = ""  # where the requirement comes from: official tests, handout, or beyond it
-    advice: bool = False  # beyond the handout: a best practice worth few points
-    precision: str = ""  # "tf32": an fp32 check that passed only under the TF32 rule
-
-    @property
-    def has_charts(self):
-        return bool(self.heatmaps or self.timing or self.memory)
-
-    def bound_for(self, tensor):
-        """The verdict's max_bound for `tensor`, which splits that tensor's heatmap colours."""
-        return next((v["max_bound"] for v in self.verdicts if v["tensor"] == tensor), None)
-
-    @property
-    def evidence_key(self):
-        """Equal for checks whose evidence would render identically."""
-        return json.dumps([self.evidence, self.verdicts, self.heatmaps, self.timing, self.memory],
-                          sort_keys=True, default=str)
-
-    @property
-    def has_evidence(self):
-        return bool(self.evidence or self.verdicts or self.has_charts)
-
-
-@dataclass
-class Submission:
+class SubmissionReport:
+    """One submission's results.json, as its page shows it."""
     name: str
     student: str | None
     score: float
@@ -111,7 +62,7 @@ class Submission:
     runner_log: str
     output: str
     execution_time: float | None
-    checks: list
+    checks: list  # [CheckRecord]
     student_view: bool = False
     hidden_count: int = 0
     stdout_visible: bool = True
@@ -150,7 +101,7 @@ class Submission:
 
     @property
     def failed_by_part(self):
-        """[(Part, [Check])] in part order; only parts with failures."""
+        """[(Part, [CheckRecord])] in part order; only parts with failures."""
         return self.failed_by_part_in(self.checks)
 
     def failed_by_part_in(self, checks):
@@ -164,7 +115,7 @@ class Submission:
 
     @property
     def sections(self):
-        """[(kind, [Check])] for the page: ("requirements", ...) then ("advice", ...) when the
+        """[(kind, [CheckRecord])] for the page: ("requirements", ...) then ("advice", ...) when the
         results say where checks come from; one ("all", ...) for older results that do not."""
         if not any(c.source or c.advice for c in self.checks):
             return [("all", self.checks)]
@@ -184,7 +135,7 @@ class Submission:
 
     @staticmethod
     def by_diagnosis(checks):
-        """[[Check]]: checks sharing a diagnosis, in first-seen order.
+        """[[CheckRecord]]: checks sharing a diagnosis, in first-seen order.
 
         A page with 23 copies of "not attempted: ... raised NotImplementedError" buries the one
         failure that matters; one card per diagnosis keeps it short.
@@ -261,73 +212,19 @@ def _ungraded(value, checks) -> list:
     return found
 
 
-_NAME = re.compile(r"^(?:[^:]*::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
-
-
-def _check(test: dict, default_visibility: str) -> Check:
-    extra = _dict(test.get("extra_data"))
-    name = _text(test.get("name")) or "(unnamed check)"
-    parsed = _NAME.match(name)
-    from_name = parsed.groupdict() if parsed else {}
-    status = _text(test.get("status")) or "failed"
-    outcome = _text(extra.get("outcome")) or status
-    if outcome == "skipped":
-        state = "skipped"
-    elif outcome == GRADER_ERROR:
-        state = "ungraded"
-    elif outcome in FAILED_OUTCOMES or status == "failed":
-        state = "failed"
-    else:
-        state = "passed"
-    output = _text(test.get("output")).strip("\n")
-    first, _, rest = output.partition("\n")
-    diagnosis = _text(extra.get("diagnosis")) or (first if state != "passed" else "")
-    if state == "ungraded":  # the traceback is for staff; the output is the sentence
-        output = _text(extra.get("grader_output")).strip("\n") or output
-    evidence = rest if first.strip() == diagnosis.strip() and diagnosis else output
-    verdicts = [{"tensor": tensor, **{k: _dict(v).get(k) for k in VERDICT_KEYS}}
-                for tensor, v in _dict(extra.get("verdicts")).items()]
-    heatmaps = extra.get("heatmap") or []
-    if isinstance(heatmaps, dict):
-        heatmaps = [heatmaps]
-    tags = [_text(t) for t in test.get("tags") or []] if isinstance(test.get("tags"), list) else []
-    source = _text(extra.get("source")).strip()
-    advice = extra.get("advice")
-    if not isinstance(advice, bool):  # not said: the rule the plugin uses, or its tag
-        advice = source.lower().startswith(ADVICE_PREFIX) or "advice" in tags
-    return Check(
-        name=name,
-        part=_text(extra.get("part")) or from_name.get("part") or "other",
-        check=_text(extra.get("check")) or from_name.get("check") or name,
-        case=_text(extra.get("case")) or from_name.get("case") or "",
-        tier=_text(extra.get("tier")),
-        outcome=outcome, state=state, diagnosis=diagnosis, evidence=evidence.strip("\n"),
-        score=_num(test.get("score")), max_score=_num(test.get("max_score")),
-        visibility=_text(test.get("visibility")) or default_visibility,
-        tags=tags,
-        verdicts=verdicts,
-        heatmaps=[h for h in heatmaps if isinstance(h, dict)],
-        timing=_dict(extra.get("timing")) or None,
-        memory=_dict(extra.get("memory")) or None,
-        source=source, advice=advice,
-        precision=_text(extra.get("precision")).strip().lower(),
-    )
-
-
 def _parts(declared: dict, checks: list, from_checks: bool) -> list:
-    """Parts in the course's order, then any others; scores summed from `checks` if asked.
+    """Parts in results.json's order (the rubric's), then any other part a check names; scores
+    summed from `checks` if asked.
 
     The advice share comes from the part's advice_score / advice_max_score, else from its
     checks marked advice; a part with neither has None (nothing to show apart).
     """
-    keys = [k for k in PART_ORDER if k in declared or any(c.part == k for c in checks)]
-    for key in list(declared) + [c.part for c in checks]:
-        if key not in keys:
-            keys.append(key)
+    keys = list(declared)
+    keys += [key for key in dict.fromkeys(c.part for c in checks) if key not in declared]
     parts = []
     for key in keys:
         info = _dict(declared.get(key))
-        label = _text(info.get("label")) or PART_LABELS.get(key, key)
+        label = _text(info.get("label")) or key
         mine = [c for c in checks if c.part == key]
         advice = [c for c in mine if c.advice]
         if from_checks or not info:
@@ -344,22 +241,24 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
     return parts
 
 
-def load_submission(path: Path, student_view: bool = False) -> Submission:
-    """One results.json; an unreadable file still gives a Submission that says why."""
+def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
+    """One results.json; an unreadable file still gives a SubmissionReport that says why."""
     name = path.parent.name
     try:
         data = json.loads(path.read_text(encoding="utf-8"))
         if not isinstance(data, dict):
             raise ValueError("top level is not a JSON object")
     except (OSError, ValueError) as exc:
-        return Submission(name=name, student=None, score=0.0, max_score=0.0, parts=[],
-                          environment=dict.fromkeys(ENVIRONMENT_KEYS), seed=None,
-                          ungradable=f"results.json could not be read: {exc}", runner_log="",
-                          output="", execution_time=None, checks=[], student_view=student_view,
-                          incomplete=True)
+        return SubmissionReport(name=name, student=None, score=0.0, max_score=0.0, parts=[],
+                                environment=dict.fromkeys(ENVIRONMENT_KEYS), seed=None,
+                                ungradable=f"results.json could not be read: {exc}", runner_log="",
+                                output="", execution_time=None, checks=[], student_view=student_view,
+                                incomplete=True)
     extra = _dict(data.get("extra_data"))
     default_visibility = _text(data.get("visibility")) or "visible"
-    checks = [_check(t, default_visibility) for t in data.get("tests") or [] if isinstance(t, dict)]
+    submission = _text(extra.get("submission")) or name
+    checks = [CheckRecord.from_gradescope(t, submission, default_visibility)
+              for t in data.get("tests") or [] if isinstance(t, dict)]
     hidden_count = 0
     if student_view:
         visible = [c for c in checks if c.visibility not in HIDDEN_VISIBILITY]
@@ -380,7 +279,7 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
         hidden_ungraded = sum(1 for u in ungraded if u["name"] not in shown)
         ungraded = [u for u in ungraded if u["name"] in shown]
     incomplete = extra.get("incomplete") is True or bool(ungraded) or bool(hidden_ungraded)
-    return Submission(
+    return SubmissionReport(
         name=name,
         student=_text(extra.get("student")) or None,
         score=score, max_score=max_score, parts=parts,
@@ -399,4 +298,4 @@ def load_submission(path: Path, student_view: bool = False) -> Submission:
 
 
 def load_all(reports_dir: Path, student_view: bool = False) -> list:
-    return [load_submission(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))]
+    return [load_report(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))]

@@ -1,19 +1,25 @@
-"""Results on disk: one file per finished check, assembled into Gradescope's results.json.
+"""Check records on disk: one file per finished check, assembled into Gradescope's results.json.
+
+A check file is one reporting.record.CheckRecord as its `to_json` gives it; assemble() reads the
+current ones back, scores them with the rubric and writes each as its `to_gradescope` entry, so
+one type carries a check from the test that makes it to the page that shows it.
 
 Who writes what under reports/ (one owner per file; every JSON file is written whole, to a
 temporary file that then replaces it, so a reader never sees half of one):
 
   <sub>/checks/<check>.json  the pytest controller (plugin.py, pytest_runtest_logreport), when the
                              check finishes; under xdist the worker's record travels to it on the
-                             test report. Never deleted: a check not run in a session keeps its
-                             last result; assemble() decides which records are current.
+                             test report, as CheckRecord.to_json(). Never deleted: a check not run
+                             in a session keeps its last result; assemble() decides which records
+                             are current.
   <sub>/info.json            the controller alone: facts about the run (student, seed, environment,
                              notes) at session start, and the runner's facts (ungradable reason,
                              log tail) as they arrive from workers on the test reports.
   <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
                              per test module, as the sessions collected them (update_collected).
   <sub>/results.json         the controller (assemble), when a submission's last check of the
-                             session finishes and again at session end.
+                             session finishes and again at session end; its parts in the
+                             rubric's order (the pages show them in that order).
   <sub>/index.html, index.html, grades.csv
                              the controller at session end (reporting.build_reports), or
                              `python -m reporting` run by hand, never both at once; written
@@ -34,11 +40,11 @@ import os
 import re
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 
+from reporting.record import GRADER_ERROR, CheckRecord
 from tests.grading.rubric import Rubric
-
-GRADER_ERROR = "grader_error"
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
@@ -67,9 +73,9 @@ def read_json(path: Path, default=None):
         return default
 
 
-def write_check(reports: Path, record: dict) -> None:
-    record = {**record, "recorded_at": time.time()}
-    write_json(check_path(reports, record["submission"], record["name"]), record)
+def write_check(reports: Path, record: CheckRecord) -> None:
+    record = replace(record, recorded_at=time.time())
+    write_json(check_path(reports, record.submission, record.name), record.to_json())
 
 
 def write_info(reports: Path, submission: str, info: dict) -> None:
@@ -117,8 +123,19 @@ def load_collected(reports: Path, submission: str):
     return expected, {m for m, v in modules.items() if v.get("whole")}
 
 
+def read_check(path: Path) -> CheckRecord | None:
+    """The record in one check file, or None when it is unreadable or not a check record."""
+    data = read_json(path)
+    if not isinstance(data, dict) or not {"submission", "name", "outcome", "part", "check", "group"} <= data.keys():
+        return None
+    try:
+        return CheckRecord.from_json(data)
+    except (TypeError, ValueError):
+        return None
+
+
 def current_records(folder: Path, expected=None, modules=None) -> list:
-    """The check records of one submission that count: one per test, the newest.
+    """The check records (CheckRecord) of one submission that count: one per test, the newest.
 
     expected: the test ids a full run holds for the submission (load_collected), or None when
     unknown (then every readable record counts). modules: the test modules collected whole
@@ -127,32 +144,18 @@ def current_records(folder: Path, expected=None, modules=None) -> list:
     in a module collected whole (a renamed case), or one with no test id (an older grader's),
     does not.
     """
-    records = []
-    for path in sorted((folder / "checks").glob("*.json")):
-        record = read_json(path)
-        if isinstance(record, dict) and {"name", "outcome", "part", "check", "group"} <= record.keys():
-            records.append(record)
+    records = [r for r in map(read_check, sorted((folder / "checks").glob("*.json"))) if r is not None]
     if expected is not None:
         expected = set(expected)
         modules = set(modules) if modules is not None else {_module(n) for n in expected}
-        records = [r for r in records if r.get("nodeid")
-                   and (r["nodeid"] in expected or _module(r["nodeid"]) not in modules)]
+        records = [r for r in records if r.nodeid
+                   and (r.nodeid in expected or _module(r.nodeid) not in modules)]
     newest = {}
     for r in records:
-        key = r.get("nodeid") or r["name"]
-        if key not in newest or r.get("recorded_at", 0) >= newest[key].get("recorded_at", 0):
+        key = r.nodeid or r.name
+        if key not in newest or (r.recorded_at or 0) >= (newest[key].recorded_at or 0):
             newest[key] = r
     return list(newest.values())
-
-
-def grader_error_diagnosis(attempts: list) -> str:
-    """The sentence for a check the grader itself failed on; attempts: what each attempt raised."""
-    if len(attempts) > 1 and len(set(attempts)) == 1:
-        what = f"{attempts[0]}, on both attempts"
-    else:
-        what = "; then ".join(attempts) or "unknown error"
-    return (f"not graded: the grader itself failed ({what}); this check will be regraded, and counts "
-            f"neither for nor against the submission until then.")
 
 
 def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None) -> dict:
@@ -168,50 +171,36 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         expected, modules = load_collected(reports, submission)
     records = current_records(folder, expected, modules)
     info = read_info(reports, submission)
-    counted = [r for r in records if r["outcome"] != "skipped"]  # grader errors keep their share
+    counted = [r for r in records if r.outcome != "skipped"]  # grader errors keep their share
     group_sizes = {}
     for r in counted:
-        group_sizes[r["group"]] = group_sizes.get(r["group"], 0) + 1
+        group_sizes[r.group] = group_sizes.get(r.group, 0) + 1
 
+    # The rubric's parts in its order: the pages show them so.
     parts = {key: {"label": label, "score": 0.0, "max_score": 0.0} for key, label in rubric.parts.items()}
     tests = []
     ungraded = []
-    for r in sorted(records, key=lambda r: (r["part"], r["check"], r.get("tier") or "", r["name"])):
-        skipped = r["outcome"] == "skipped"
-        broken = r["outcome"] == GRADER_ERROR
+    for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
+        skipped = r.outcome == "skipped"
+        broken = r.outcome == GRADER_ERROR
+        # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
         # A grader error withholds its share of the group's points: the others do not absorb it.
-        max_score = 0.0 if skipped or broken else rubric.points(r["group"]) / group_sizes[r["group"]]
-        passed = r["outcome"] in ("passed", "skipped")
-        score = max_score if passed else 0.0
-        if r["part"] in parts or not r.get("stand_in"):  # a stand-in's part is no part of the rubric
-            part = parts.setdefault(r["part"], {"label": r["part"], "score": 0.0, "max_score": 0.0})
-            part["score"] += score
-            part["max_score"] += max_score
-            if rubric.advice(r["group"]):  # of which advice (beyond the handout), reported apart
-                part["advice_score"] = part.get("advice_score", 0.0) + score
-                part["advice_max_score"] = part.get("advice_max_score", 0.0) + max_score
-        test = {
-            "name": r["name"], "score": round(score, 4), "max_score": round(max_score, 4),
-            "status": "passed" if passed else "failed",
-            "output": (r.get("diagnosis") or grader_error_diagnosis([])) if broken else r["output"],
-            "tags": [r["part"], r.get("tier") or ""] + (["advice"] if rubric.advice(r["group"]) else []),
-            "visibility": rubric.visibility(r["group"]),
-            "extra_data": {**{k: r.get(k) for k in ("part", "check", "case", "tier", "outcome", "diagnosis",
-                                                    "verdicts", "heatmap", "timing", "memory", "seconds",
-                                                    "precision", "attempts", "retried_after")
-                                 if r.get(k) is not None},
-                           "source": rubric.source(r["group"]), "advice": rubric.advice(r["group"])},
-        }
+        r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
+        r.max_score = 0.0 if skipped or broken else rubric.points(r.group) / group_sizes[r.group]
+        r.score = r.max_score if r.passed else 0.0
+        if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
+            part = parts.setdefault(r.part, {"label": r.part, "score": 0.0, "max_score": 0.0})
+            part["score"] += r.score
+            part["max_score"] += r.max_score
+            if r.advice:  # of which advice (beyond the handout), reported apart
+                part["advice_score"] = part.get("advice_score", 0.0) + r.score
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
         if broken:
-            # Neither passed nor failed: Gradescope shows a test with no status by its score (0 / 0)
-            # and the output sentence; "failed" would tell the student they lost something.
-            del test["status"]
-            test["extra_data"]["grader_output"] = r["output"]
-            ungraded.append({"name": r["name"], "nodeid": r.get("nodeid"),
-                             "reason": "the grader itself failed: " + ("; then ".join(r.get("attempts") or [])
+            ungraded.append({"name": r.name, "nodeid": r.nodeid,
+                             "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
                                                                         or "unknown error")})
-        tests.append(test)
-    recorded = {r.get("nodeid") for r in records}
+        tests.append(r.to_gradescope())
+    recorded = {r.nodeid for r in records}
     never_run = sorted(set(expected or ()) - recorded)
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
                  for n in never_run]
@@ -236,7 +225,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                    + "; the total is not final and will change when the rest are graded. " + summary)
     results = {
         "score": round(score, 3), "max_score": round(max_score, 3),
-        "execution_time": round(sum(r.get("seconds") or 0 for r in records), 2),
+        "execution_time": round(sum(r.seconds or 0 for r in records), 2),
         "output": summary, "visibility": "visible", "stdout_visibility": "hidden",
         "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
                        "environment": info.get("environment", {}), "parts": parts,

@@ -1,0 +1,259 @@
+"""One check's record, from the test that makes it to the page that shows it.
+
+A CheckRecord is what the grader found for one check (tests/grading/plugin.py Check fills it),
+what travels from an xdist worker to the controller (`to_json`, on the test report), what a
+check file holds (tests/grading/record_store.py), one entry of Gradescope's results.json
+`tests[]` once scored (`to_gradescope`), and what the report pages show (`from_gradescope`,
+reporting/page_model.py). It lives in `reporting`, the installed package, because both sides
+import it and `tests` is not installed.
+
+Invariants:
+- `name` is "<submission>::<part>::<check>[<case>]" (no brackets without a case): check files
+  are named after it and Gradescope shows it, so it never changes form.
+- `case` is the case's id; `case_fields` its fields as plain JSON data (FlashCase.to_json() for
+  an attention case: batch, n_queries, n_keys, head_dim, dtype, is_causal, noncontiguous,
+  score_scale, score_shift), or {} for a check whose case is only a name (DDP flavours, say).
+- Evidence fields are None when the check has none; None fields are left out of the JSON.
+- results.json is untrusted and possibly old or incomplete: `from_gradescope` never raises on a
+  missing or malformed key, it falls back to a default (and to parsing the test's name only
+  where extra_data lacks the fields).
+"""
+import json
+import re
+from dataclasses import dataclass, field, fields
+
+# The grader itself failed on the check: neither passed nor failed, unscored, to be regraded.
+GRADER_ERROR = "grader_error"
+# A check's source starting with this is advice (tests/grading/rubric.py says the same).
+ADVICE_PREFIX = "beyond the handout"
+# Keys of one verdict the pages read; filled with None when results.json lacks them.
+VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
+                "oracle_at_worst", "actual_at_worst")
+# Evidence a check may carry, in the order results.json has always listed it.
+EVIDENCE = ("verdicts", "heatmap", "timing", "memory", "precision", "attempts", "retried_after")
+# How an older results.json is read: the identity from the test's name.
+_NAME = re.compile(r"^(?:(?P<submission>[^:]*)::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
+
+
+def grader_error_diagnosis(attempts: list) -> str:
+    """The sentence for a check the grader itself failed on; attempts: what each attempt raised."""
+    if len(attempts) > 1 and len(set(attempts)) == 1:
+        what = f"{attempts[0]}, on both attempts"
+    else:
+        what = "; then ".join(attempts) or "unknown error"
+    return (f"not graded: the grader itself failed ({what}); this check will be regraded, and counts "
+            f"neither for nor against the submission until then.")
+
+
+@dataclass
+class CheckRecord:
+    submission: str
+    part: str
+    check: str
+    case: str = ""  # the case's id, e.g. "bf16-113x203-d64-causal-4d-strided-x8"
+    case_fields: dict = field(default_factory=dict)  # the case as data; {} when it is only a name
+    tier: str = ""
+    group: str = ""  # the rubric group that scores it ("" for a stand-in)
+    source: str = ""  # where the requirement comes from: official tests, handout, or beyond it
+    advice: bool = False  # beyond the handout: a best practice worth few points
+    outcome: str = "error"  # passed, failed, skipped, not_attempted, timeout, crash, error, grader_error...
+    diagnosis: str = ""
+    output: str = ""  # the diagnosis and its evidence as text (a traceback, for a grader error)
+    seconds: float = 0.0
+    # Evidence, each None when the check has none.
+    verdicts: dict | None = None  # {"dq": {"ok": False, "max_err": ..., ...}}
+    heatmap: dict | list | None = None
+    timing: dict | None = None
+    memory: dict | None = None
+    precision: str | None = None  # "tf32": an fp32 check that passed only under the TF32 rule
+    attempts: list | None = None  # what each attempt raised, for a grader error
+    retried_after: str | None = None  # the first attempt's grader error, when the retry settled it
+    nodeid: str | None = None  # the pytest test id, without xdist's "@group"
+    recorded_at: float | None = None  # when the controller wrote the check file
+    stand_in: bool = False  # made by the plugin for a test that failed before it made its check
+    # What scoring adds (record_store.assemble), or reading results.json gives back.
+    score: float = 0.0
+    max_score: float = 0.0
+    visibility: str = "visible"
+
+    # -- identity ----------------------------------------------------------------------------
+    @property
+    def name(self) -> str:
+        return f"{self.submission}::{self.part}::{self.check}" + (f"[{self.case}]" if self.case else "")
+
+    # -- the check file, and the worker-to-controller message -------------------------------
+    def to_json(self) -> dict:
+        """The check file's JSON (also what a worker sends): what the grader found, not its score."""
+        data = {"submission": self.submission, "part": self.part, "check": self.check, "case": self.case,
+                "tier": self.tier, "group": self.group, "source": self.source, "advice": self.advice,
+                "name": self.name, "outcome": self.outcome, "diagnosis": self.diagnosis,
+                "output": self.output, "seconds": self.seconds}
+        for key in (*EVIDENCE, "nodeid", "recorded_at"):
+            if getattr(self, key) is not None:
+                data[key] = getattr(self, key)
+        if self.stand_in:
+            data["stand_in"] = True
+        if self.case_fields:
+            data["case_fields"] = self.case_fields
+        return data
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CheckRecord":
+        """A record from its check file or message; keys it does not know ("name", derived) are ignored."""
+        known = {f.name for f in fields(cls)} - {"score", "max_score", "visibility"}
+        record = cls(**{k: v for k, v in data.items() if k in known})
+        record.case_fields = record.case_fields if isinstance(record.case_fields, dict) else {}
+        return record
+
+    def update(self, **values):
+        """Set what a test found, by name; None leaves a field as it is. Any other name (a typo, or
+        the check's identity) is a grader bug, raised rather than dropped."""
+        for key, value in values.items():
+            if key not in _SETTABLE:
+                raise TypeError(f"a test cannot set {key!r} on a check (only {', '.join(sorted(_SETTABLE))})")
+            if value is not None:
+                setattr(self, key, value)
+
+    # -- Gradescope ---------------------------------------------------------------------------
+    @property
+    def passed(self) -> bool:
+        """Gradescope's status: a skipped check passes (0 / 0)."""
+        return self.outcome in ("passed", "skipped")
+
+    def to_gradescope(self) -> dict:
+        """One entry of results.json `tests[]`, once scored (score, max_score, visibility set).
+
+        A grader error has no status: Gradescope shows a test with none by its score (0 / 0) and
+        the output sentence; "failed" would tell the student they lost something. Its traceback
+        stays in extra_data.grader_output, for staff.
+        """
+        broken = self.outcome == GRADER_ERROR
+        extra = {"part": self.part, "check": self.check, "case": self.case}
+        if self.case_fields:
+            extra["case_fields"] = self.case_fields
+        extra.update({"tier": self.tier, "outcome": self.outcome, "diagnosis": self.diagnosis})
+        for key in ("verdicts", "heatmap", "timing", "memory", "seconds", "precision", "attempts",
+                    "retried_after"):
+            if getattr(self, key) is not None:
+                extra[key] = getattr(self, key)
+        extra.update({"source": self.source, "advice": self.advice})
+        test = {"name": self.name, "score": round(self.score, 4), "max_score": round(self.max_score, 4),
+                "status": "passed" if self.passed else "failed",
+                "output": (self.diagnosis or grader_error_diagnosis([])) if broken else self.output,
+                "tags": [self.part, self.tier or ""] + (["advice"] if self.advice else []),
+                "visibility": self.visibility, "extra_data": extra}
+        if broken:
+            del test["status"]
+            extra["grader_output"] = self.output
+        return test
+
+    @classmethod
+    def from_gradescope(cls, test: dict, submission: str = "", default_visibility: str = "visible"):
+        """A record from one results.json test entry, however old or incomplete.
+
+        submission: the submission the file is about, used when the test's name does not say.
+        """
+        extra = _dict(test.get("extra_data"))
+        name = _text(test.get("name")) or "(unnamed check)"
+        parsed = _NAME.match(name)
+        from_name = parsed.groupdict() if parsed else {}
+        status = _text(test.get("status"))
+        outcome = _text(extra.get("outcome")) or status or "failed"
+        output = _text(test.get("output")).strip("\n")
+        diagnosis = _text(extra.get("diagnosis"))
+        if not diagnosis and outcome != "passed":  # an older file: the output's first line says it
+            diagnosis = output.partition("\n")[0]
+        if outcome == GRADER_ERROR:  # the output is the sentence; the record's output, the traceback
+            output = _text(extra.get("grader_output")).strip("\n") or output
+        tags = [_text(t) for t in test["tags"]] if isinstance(test.get("tags"), list) else []
+        source = _text(extra.get("source")).strip()
+        advice = extra.get("advice")
+        if not isinstance(advice, bool):  # not said: the rule the grader uses, or its tag
+            advice = source.lower().startswith(ADVICE_PREFIX) or "advice" in tags
+        heatmap = extra.get("heatmap")
+        precision = _text(extra.get("precision")).strip().lower()
+        return cls(
+            submission=from_name.get("submission") or submission,
+            part=_text(extra.get("part")) or from_name.get("part") or "other",
+            check=_text(extra.get("check")) or from_name.get("check") or name,
+            case=_text(extra.get("case")) or from_name.get("case") or "",
+            case_fields=_dict(extra.get("case_fields")),
+            tier=_text(extra.get("tier")),
+            source=source, advice=advice, outcome=outcome, diagnosis=diagnosis, output=output,
+            seconds=_num(extra.get("seconds")),
+            verdicts={_text(k): _dict(v) for k, v in extra["verdicts"].items()}
+            if isinstance(extra.get("verdicts"), dict) else None,
+            heatmap=heatmap if isinstance(heatmap, (dict, list)) else None,
+            timing=_dict(extra.get("timing")) or None,
+            memory=_dict(extra.get("memory")) or None,
+            precision=precision or None,
+            attempts=[_text(a) for a in extra["attempts"]] if isinstance(extra.get("attempts"), list) else None,
+            retried_after=_text(extra.get("retried_after")) or None,
+            score=_num(test.get("score")), max_score=_num(test.get("max_score")),
+            visibility=_text(test.get("visibility")) or default_visibility,
+        )
+
+    # -- what the pages show ----------------------------------------------------------------
+    @property
+    def state(self) -> str:
+        """What a page groups by: "passed", "skipped", "ungraded" (a grader error) or "failed"."""
+        if self.outcome in ("passed", "skipped"):
+            return self.outcome
+        return "ungraded" if self.outcome == GRADER_ERROR else "failed"
+
+    @property
+    def evidence(self) -> str:
+        """The output, without its first line when that only repeats the diagnosis."""
+        output = self.output.strip("\n")
+        first, _, rest = output.partition("\n")
+        shown = rest if self.diagnosis and first.strip() == self.diagnosis.strip() else output
+        return shown.strip("\n")
+
+    @property
+    def verdict_rows(self) -> list:
+        """[{"tensor": "dq", "ok": ..., "max_err": ..., ...}], every VERDICT_KEYS key present."""
+        return [{"tensor": tensor, **{k: _dict(v).get(k) for k in VERDICT_KEYS}}
+                for tensor, v in (self.verdicts or {}).items()]
+
+    @property
+    def heatmaps(self) -> list:
+        """The heatmaps, one or several, as a list of dicts."""
+        maps = [self.heatmap] if isinstance(self.heatmap, dict) else self.heatmap or []
+        return [h for h in maps if isinstance(h, dict)]
+
+    @property
+    def has_charts(self) -> bool:
+        return bool(self.heatmaps or self.timing or self.memory)
+
+    def bound_for(self, tensor):
+        """The verdict's max_bound for `tensor`, which splits that tensor's heatmap colours."""
+        return _dict((self.verdicts or {}).get(tensor)).get("max_bound")
+
+    @property
+    def evidence_key(self) -> str:
+        """Equal for checks whose evidence would render identically."""
+        return json.dumps([self.evidence, self.verdict_rows, self.heatmaps, self.timing, self.memory],
+                          sort_keys=True, default=str)
+
+    @property
+    def has_evidence(self) -> bool:
+        return bool(self.evidence or self.verdicts or self.has_charts)
+
+
+# update() sets what a test finds; identity, scoring and the plugin's bookkeeping it leaves alone.
+_SETTABLE = {"outcome", "diagnosis", "output", "seconds", *EVIDENCE}
+
+
+def _dict(value):
+    return value if isinstance(value, dict) else {}
+
+
+def _num(value, default=0.0):
+    try:
+        return float(value)
+    except (TypeError, ValueError):
+        return default
+
+
+def _text(value):
+    return "" if value is None else str(value)
