@@ -1,7 +1,9 @@
-"""The rubric: points, visibility, timeouts and timing budgets, from rubric.yaml."""
+"""The rubric: points, visibility, timeouts, timing budgets and tolerance factors, from rubric.yaml."""
 from pathlib import Path
 
 import yaml
+
+from reference.tolerance import GRAD_FACTOR, OUTPUT_FACTOR
 
 DEFAULT_RUBRIC = Path(__file__).with_name("rubric.yaml")
 ADVICE_PREFIX = "beyond the handout"
@@ -14,7 +16,8 @@ class Rubric:
         self.timeouts = data.get("timeouts", {})
         self.parts = data.get("parts", {})
         self.budgets = data.get("budgets", {})
-        self.tolerances = {"output_factor": 2.0, "grad_factor": 3.0, **data.get("tolerances", {})}
+        # The factors of reference/tolerance.py's rule, which holds their defaults; a rubric may override them.
+        self.tolerances = {"output_factor": OUTPUT_FACTOR, "grad_factor": GRAD_FACTOR, **(data.get("tolerances") or {})}
         self.groups = {}
         for key, value in data.get("groups", {}).items():
             value = value if isinstance(value, dict) else {"points": value}

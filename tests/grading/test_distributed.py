@@ -18,21 +18,19 @@ of ddp::equivalence have buffers equal on every rank) and sharded_optimizer::sta
 (shards balanced by numel: the handout asks for about 1/world_size of the parameters, which
 round-robin by count gives).
 
-One spawn per DDP flavour (all its models) and one for every sharded scenario, shared between
-the checks through grading.call_cached.
+One spawn per DDP flavour (all its models) and one for all the sharded scenarios, shared
+between the checks (distributed_checks.distributed_call). Helpers the FSDP checks use too live
+in tests/grading/distributed_checks.py.
 """
-import contextlib
 import math
-import re
 
 import pytest
 import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import DDP_FLAVOURS, build_model, make_batches
-
-WORLD_SIZE = 2
-ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
+from tests.grading.distributed_checks import (WORLD_SIZE, close, distributed_call, max_diff, names, one_thread,
+                                              pick, settle_scenario)
 
 DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
 BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn
@@ -51,15 +49,7 @@ SHARDED_SCENARIOS = {
 STATE_SLACK = 16  # elements: room for a few scalar state entries
 
 
-# -- talking to the runner --------------------------------------------------------------------
-
-def distributed_call(grading, submission, kind, spec, what):
-    timeout = grading.rubric.timeout("distributed")
-    request = {"op": "distributed", "kind": kind, "spec": spec, "world_size": WORLD_SIZE,
-               "timeout_s": max(30.0, timeout - 20)}
-    key = ("distributed", submission.name, kind, spec.get("flavour"))  # the cache is shared by all submissions
-    return grading.call_cached(submission, key, request, timeout, what)
-
+# -- the runs ---------------------------------------------------------------------------------
 
 def ddp_run(grading, submission, flavour):
     spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": grading.seed,
@@ -73,80 +63,6 @@ def sharded_run(grading, submission):
             "steps": SHARDED_STEPS, "batch": SHARDED_BATCH,
             "scenarios": [{"name": name, **s} for name, s in SHARDED_SCENARIOS.items()]}
     return distributed_call(grading, submission, "sharded", spec, f"sharded optimizer, {WORLD_SIZE} gloo ranks")
-
-
-def pick(tensors, scenario, rank, kind):
-    prefix = f"{scenario}/{rank}/{kind}/"
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
-
-
-def settle_scenario(c, reply, scenario, labels=None):
-    """Per-rank records of one scenario, or fail the check the way the ranks failed."""
-    c.settle_reply(reply)
-    ranks = reply.result["scenarios"].get(scenario)
-    if ranks and all(s["status"] == "ok" for s in ranks):
-        return ranks
-    if ranks and any(s["status"] == "not_attempted" for s in ranks):
-        c.fail(f"not attempted: {next(s['message'] for s in ranks if s['status'] == 'not_attempted')}",
-               outcome="not_attempted")
-    if ranks and any(s["status"] == "error" for s in ranks):
-        sentence, traceback = rank_error(ranks, labels)
-        c.fail(sentence, traceback, outcome="error")
-    earlier = next((name for name, rs in reply.result["scenarios"].items()
-                    if any(s["status"] == "error" for s in rs)), None)
-    why = f" ({rank_error(reply.result['scenarios'][earlier], labels)[0]})" if earlier else ""
-    c.fail(f"not run: the {earlier or 'previous'} scenario of the same run failed first{why}", outcome="error")
-
-
-COMMUNICATION_FAILURES = ("gloo", "timeout", "timed out", "closed by peer", "pair closure", "connection reset")
-
-
-def rank_error(ranks, labels):
-    """(sentence, traceback) for the first rank that raised. A rank left waiting for a peer that
-    raised fails later inside gloo (timeout, connection closed): show the cause, not that."""
-    def where(s):
-        step = f", step {s['step'] + 1}" if s.get("step", -1) >= 0 else ""
-        return f"in {(labels or {}).get(s.get('phase'), s.get('phase'))}{step}"
-
-    def short(message):
-        message = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", message)  # gloo's source location
-        return message.split(". ")[0][:200]
-
-    errors = [(r, s) for r, s in enumerate(ranks) if s["status"] == "error"]
-    own = [(r, s) for r, s in errors if not any(w in s["message"].lower() for w in COMMUNICATION_FAILURES)]
-    if own:
-        r, s = own[0]
-        return f"rank {r} raised {s['message']} ({where(s)}).", s.get("traceback", "")
-    each = "; ".join(f"rank {r}: {short(s['message'])} ({where(s)})" for r, s in errors)
-    return (f"a collective never completed (timeout or peer gone): the ranks did not issue the same "
-            f"collectives in the same order. {each}.", errors[0][1].get("traceback", ""))
-
-
-@contextlib.contextmanager
-def one_thread():
-    """The ranks run with one thread each; the baselines do too, so matmuls round alike."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def close(a, b) -> bool:
-    return a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=ATOL, rtol=RTOL)
-
-
-def max_diff(got: dict, want: dict):
-    """(largest absolute difference, parameter name) over the parameters of `want`."""
-    diffs = [((got[n].double() - want[n].double()).abs().max().item() if got[n].shape == want[n].shape
-              else float("inf"), n) for n in want]
-    return max(diffs) if diffs else (0.0, "")
-
-
-def names(items) -> str:
-    items = list(items)
-    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
 
 
 def flavours_defined(grading, submission):

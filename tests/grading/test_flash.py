@@ -3,76 +3,20 @@
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
 """
-from functools import lru_cache, partial
+from functools import partial
 
 import pytest
 import torch
 
-from fa2_adapters.wire.cases import make_inputs
-from reference.tolerance import course_close, expected_attention, judge_attention, tf32_attention_and_grads
-from tests.grading import diagnose, mistakes
+from fa2_adapters.wire.cases import FLASH_SLOTS
+from reference.tolerance import course_close, judge_attention
+from tests.grading import diagnose
+from tests.grading.flash_checks import (SLOTS, expected, expected_tf32, flash_timeout, mistaken, run_case,
+                                        settle)
 from tests.grading.matrix import COURSE_CASE, flash_cases, slot_device
 
-SLOTS = ("pytorch", "triton")
-ADAPTERS = {slot: f"get_flashattention_autograd_function_{slot}" for slot in SLOTS}
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
 IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
-POWER_OF_TWO_DIMS = (16, 32, 64, 128)
-
-
-# Every submission is graded on the same inputs, so a worker computes each case's oracle once for
-# the whole class (all cases together: under 200 MiB).
-@lru_cache(maxsize=None)
-def expected(case, seed, device):
-    """Inputs, oracle and plain-PyTorch baseline of a case."""
-    q, k, v, do = make_inputs(case, seed, device)
-    return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
-
-
-@lru_cache(maxsize=None)
-def expected_tf32(case, seed, device):
-    """Plain float32 attention with TF32 matmuls: the baseline of fp32 Triton results."""
-    return tf32_attention_and_grads(*expected(case, seed, device)[0], case.is_causal)
-
-
-@lru_cache(maxsize=32)  # each up to ~8 MB, more while computed; a class tries many mistakes
-def mistaken(case, seed, device, mistake):
-    """What a known mistake gives on this case's inputs (for diagnoses)."""
-    return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)
-
-
-def run_case(grading, submission, slot, case, warmup=False, device=None):
-    """The runner's reply and tensors for one case, shared by the checks that read them.
-    `warmup` runs the case once first, so compiling and autotuning stay out of measurements."""
-    device = device or slot_device(slot, grading.on_gpu)
-    interpreted = slot == "triton" and device == "cpu"
-    timeout = grading.rubric.timeout("flash_interpreted" if interpreted else "flash")
-    request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed,
-               "device": device, "warmup": warmup}
-    what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
-    return grading.call_cached(submission, ("flash", slot, case, device), request, timeout, what)
-
-
-def settle(check, grading, submission, slot, tier, case, phase="forward"):
-    """The reply and tensors of a case, or end the check the way the call went wrong."""
-    grading.fail_if_stub(check, submission, ADAPTERS[slot])
-    reply, tensors = run_case(grading, submission, slot, case)
-    backward_error = (reply.result.get("backward_error") or {}) if reply.ok and phase == "backward" else {}
-    refusal = reply.message if reply.status == "error" else backward_error.get("message")
-    if refusal and case.head_dim not in POWER_OF_TWO_DIMS:
-        check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refusal}")
-        return None, None
-    if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
-            and not grading.on_gpu:
-        check.skip(f"needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
-                   f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
-    check.settle_reply(reply)
-    if backward_error.get("status") == "not_attempted":
-        check.fail(f"not attempted: the backward raised {backward_error['message']}", outcome="not_attempted")
-    if backward_error:
-        check.fail(f"the backward raised {backward_error['message']}", backward_error.get("traceback", ""),
-                   outcome="error")
-    return reply, tensors
 
 
 def stored_as(baseline: dict, got: dict) -> dict:
@@ -129,7 +73,7 @@ def judge(check, grading, slot, tier, case, tensors, names):
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
 def test_forward(grading, submission, check, slot, tier, case):
-    c = check(f"flash_{slot}", "forward", case.id, tier)
+    c = check(f"flash_{slot}", "forward", case, tier)
     reply, tensors = settle(c, grading, submission, slot, tier, case)
     if reply is None:
         return
@@ -141,7 +85,7 @@ def test_forward(grading, submission, check, slot, tier, case):
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
 def test_backward(grading, submission, check, slot, tier, case):
-    c = check(f"flash_{slot}", "backward", case.id, tier)
+    c = check(f"flash_{slot}", "backward", case, tier)
     reply, tensors = settle(c, grading, submission, slot, tier, case, phase="backward")
     if reply is None:
         return
@@ -150,10 +94,10 @@ def test_backward(grading, submission, check, slot, tier, case):
 
 def test_runs_on_cuda(grading, submission, check):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
-    c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE.id, "cuda")
+    c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")
     if not grading.on_gpu:
         c.skip("no GPU here: the PyTorch class is graded on the CPU, where the official tests run it")
-    grading.fail_if_stub(c, submission, ADAPTERS["pytorch"])
+    grading.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
     reply, tensors = run_case(grading, submission, "pytorch", COURSE_CASE, device="cuda")
     backward_error = reply.result.get("backward_error") or {}
     if reply.status == "error" or backward_error.get("status") == "error":  # a missing backward fails elsewhere
@@ -178,7 +122,7 @@ def test_hygiene(grading, submission, check, slot):
     # a handout shape (d=64, bf16): odd lengths, which some classes refuse, must not hide these findings
     tier, case = next((t, c) for t, c in flash_cases(slot, grading.on_gpu)
                       if t in ("handout", "bf16") and c.dtype == "bfloat16" and c.head_dim == 64)
-    c = check(f"flash_{slot}", "hygiene", case.id, "hygiene")
+    c = check(f"flash_{slot}", "hygiene", case, "hygiene")
     reply, tensors = settle(c, grading, submission, slot, tier, case)
     if reply is None:
         return
@@ -193,11 +137,10 @@ def test_hygiene(grading, submission, check, slot):
     again = grading.runner(submission).call(
         {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": device,
          "backward": False},
-        grading.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash"))
+        flash_timeout(grading, slot, device))  # not run_case: its replies are cached, and this is a second call
     c.settle_reply(again)
-    second = grading.runner(submission).load_tensors(again)
-    if not torch.equal(second["o"], tensors["o"]):
-        diff = (second["o"].double() - tensors["o"].double()).abs().max().item()
+    if not torch.equal(again.tensors["o"], tensors["o"]):
+        diff = (again.tensors["o"].double() - tensors["o"].double()).abs().max().item()
         c.fail(f"the same inputs gave different outputs on two calls (max difference {diff:.3g}).")
     c.ok("inputs unchanged, dtype kept, L in float32, deterministic")
 
@@ -206,7 +149,7 @@ def test_hygiene(grading, submission, check, slot):
 def test_no_library_attention(grading, submission, check, slot):
     """The Triton slot launches Triton kernels; neither slot calls SDPA, flash_attn or cuDNN."""
     tier, case = flash_cases(slot, grading.on_gpu)[0]
-    c = check(f"flash_{slot}", "uses_triton" if slot == "triton" else "no_sdpa", case.id, "implementation")
+    c = check(f"flash_{slot}", "uses_triton" if slot == "triton" else "no_sdpa", case, "implementation")
     reply, _ = settle(c, grading, submission, slot, tier, case)
     forbidden = {**reply.result["forward"]["forbidden_ops"], **reply.result.get("backward", {}).get("forbidden_ops", {})}
     if forbidden:

@@ -6,7 +6,7 @@ over the wrapper's parameters() on its slice of each global batch, and returns
 fsdp_gather_full_params right after wrapping, after the first step and at the end, plus the size
 and dtypes of parameters(). This process trains the same model on the full batches and judges.
 
-fp32: the data-parallel argument of test_distributed.py, so the tolerance of DDP (atol 1e-5).
+fp32: the data-parallel argument of test_distributed.py, so DDP's tolerance (distributed_checks: atol 1e-5).
 
 fp16 compute: the baseline is single-process training with the same casting (each Linear's
 weight, bias and input cast to float16, the loss in float32, fp32 master weights and SGD). The
@@ -26,8 +26,8 @@ import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import build_model, make_batches
-from tests.grading.test_distributed import (ATOL, RTOL, WORLD_SIZE, close, distributed_call, max_diff, names,
-                                            one_thread, pick, settle_scenario)
+from tests.grading.distributed_checks import (ATOL, RTOL, WORLD_SIZE, close, distributed_call, max_diff, names,
+                                              one_thread, pick, settle_scenario)
 
 FSDP_MODEL = "toy"
 FSDP_STEPS, FSDP_BATCH, FSDP_LR = 5, 8, 0.1  # plain SGD: a wrong gradient scale shows in the parameters

@@ -4,12 +4,13 @@ Each side runs in its own runner; the harness times the runner call from outside
 runner's 'timed' and 'saving' messages, over inputs rotated through fresh seeds, and judges the
 outputs of the last timed call so that a cached answer fails.
 """
+
 import pytest
 import torch
 
-from fa2_adapters.wire.cases import FlashCase, make_inputs
 from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.wire.cases import FlashCase, make_inputs
 from reference.tolerance import judge_attention
 
 JUDGED_BATCH = 2
@@ -31,19 +32,27 @@ def median_ms(runner, request, timeout, budget):
     return sorted(times)[len(times) // 2], reply
 
 
+def reference_runner(grading) -> SubmissionRunner:
+    """A runner for the reference solution, timed next to the student's, with the environment
+    the grading plugin gives the student's runner (Grading.runner_env): the same GPU, so the
+    ratio compares two kernels on one device, and the same thread budget."""
+    return SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"), env=grading.runner_env(),
+                            import_timeout=grading.rubric.timeout("import"))
+
+
 @pytest.mark.parametrize("slot", ["triton", "pytorch"])
 def test_budget(grading, submission, check, slot):
     budget = grading.rubric.budgets[f"flash_{slot}"]
     case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"], head_dim=budget["d"],
                      dtype=budget["dtype"], is_causal=budget["causal"])
-    c = check("timing", f"flash_{slot}", case.id, "timing")
+    c = check("timing", f"flash_{slot}", case, "timing")
     if not grading.on_gpu:
         c.skip("timing budgets need a CUDA GPU")
     request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
     student_ms, reply = median_ms(grading.runner(submission), request, timeout, budget)
     c.settle_reply(reply)
-    tensors = grading.runner(submission).load_tensors(reply)
+    tensors = reply.tensors
     q, k, v, do = make_inputs(case, last_seed(request["seed"], budget), "cuda")
     # Judged on the first JUDGED_BATCH batch rows: a cached or wrong answer shows there as well,
     # and the float64 oracle of all 64 would take gigabytes of GPU memory that workers share.
@@ -53,7 +62,7 @@ def test_budget(grading, submission, check, slot):
     if wrong:
         c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
 
-    reference = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
+    reference = reference_runner(grading)
     try:
         reference_ms, ref_reply = median_ms(reference, request, timeout, budget)
     finally:

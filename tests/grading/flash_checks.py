@@ -1,0 +1,134 @@
+"""What the FlashAttention checks share: the runner call for one case, the float64 oracles, and
+how a call that went wrong ends a check.
+
+test_flash.py, test_memory.py and test_timing.py import from here; no check imports another
+check module.
+"""
+import re
+from functools import lru_cache
+
+from fa2_adapters.wire.cases import FLASH_SLOTS, make_inputs
+from reference.tolerance import expected_attention, tf32_attention_and_grads
+from tests.grading import mistakes
+from tests.grading.matrix import slot_device
+
+SLOTS = tuple(FLASH_SLOTS)  # "pytorch", "triton"
+POWER_OF_TWO_DIMS = (16, 32, 64, 128)  # the head dims the handout promises; any other may be refused
+
+
+# Every submission is graded on the same inputs, so a worker computes each case's oracle once for
+# the whole class (all cases together: under 200 MiB).
+@lru_cache(maxsize=None)
+def expected(case, seed, device):
+    """Inputs, oracle and plain-PyTorch baseline of a case."""
+    q, k, v, do = make_inputs(case, seed, device)
+    return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
+
+
+@lru_cache(maxsize=None)
+def expected_tf32(case, seed, device):
+    """Plain float32 attention with TF32 matmuls: the baseline of fp32 Triton results."""
+    return tf32_attention_and_grads(*expected(case, seed, device)[0], case.is_causal)
+
+
+@lru_cache(maxsize=32)  # each up to ~8 MB, more while computed; a class tries many mistakes
+def mistaken(case, seed, device, mistake):
+    """What a known mistake gives on this case's inputs (for diagnoses)."""
+    return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)
+
+
+def flash_timeout(grading, slot, device) -> float:
+    """A flash call's timeout: the Triton slot on a CPU runs under the (slow) interpreter."""
+    return grading.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash")
+
+
+def run_case(grading, submission, slot, case, warmup=False, device=None):
+    """The runner's reply and tensors for one case, shared by the checks that read them.
+    `warmup` runs the case once first, so compiling and autotuning stay out of measurements."""
+    device = device or slot_device(slot, grading.on_gpu)
+    request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed,
+               "device": device, "warmup": warmup}
+    what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
+    return grading.call_cached(submission, ("flash", slot, case, device), request,
+                               flash_timeout(grading, slot, device), what)
+
+
+# -- refusing a head dim the handout does not promise -------------------------------------------
+#
+# The handout promises d in POWER_OF_TWO_DIMS, so a class may refuse any other head dim, and a
+# check at such a dim then passes. Only a refusal does: an error that a real bug raises (an
+# IndexError, a shape mismatch, a dtype mismatch in a bf16 path) fails with its own diagnosis.
+# An error is a refusal when both hold:
+#
+# 1. It is the class's answer to this case, before any result: the forward raised (the runner's
+#    last phase is "forward"; an error before it is the grader's setup or the adapter getter), or,
+#    for the backward's checks, the backward raised (the forward's results are judged as usual).
+# 2. It names the head dim, in the message the runner sends ("TypeName: first line"):
+#    - in words: "head dim", "head_dim", "head dimension", "head size", "d_head", "dim_head"
+#      (also in the exception's class name, e.g. UnsupportedHeadDim);
+#    - as "d=48", "D = 48", "d == 48" or "d: 48" (the case's own head dim);
+#    - or, from an AssertionError, ValueError or NotImplementedError (what code raises on
+#      purpose), the head dim's value as a number of its own: "unsupported: 48", "48 not in
+#      (16, 32, 64, 128)", but not inside a shape ("torch.Size([2, 35, 48])", "(2, 35, 48)"),
+#      which a shape check names whatever went wrong.
+#    Or it is Triton refusing a block that is not a power of two ("arange's range must be a power
+#    of 2", in a CompilationError on a GPU or an InterpreterError under the interpreter): a kernel
+#    written for the handout's head dims, whose tl.arange over d compiles only for powers of two.
+#    (A block sized from a sequence length fails the same way at the odd lengths, which every
+#    class must handle, so it is caught there.)
+#
+# A bare `assert d in (16, 32, 64, 128)` names nothing: its message is empty, and it fails.
+
+HEAD_DIM_WORDS = re.compile(r"head[\s_-]?(dim|size)|\bd_?head\b|\bdim_?head\b", re.IGNORECASE)
+DELIBERATE = ("AssertionError", "ValueError", "NotImplementedError")
+SHAPE = re.compile(r"[\[(][^\[\]()]*,[^\[\]()]*[\])]")  # (2, 35, 48), [2, 35, 48]: a shape or a list
+TRITON_REFUSALS = ("CompilationError", "InterpreterError")
+TRITON_POWER_OF_TWO = "must be a power of 2"
+
+
+def names_head_dim(message: str, traceback: str, head_dim: int) -> bool:
+    """Whether an error ("TypeName: first line", and its traceback) refuses `head_dim` (rule 2)."""
+    kind, _, text = message.partition(": ")
+    value = rf"(?<![\w.]){head_dim}(?![\w.])"
+    if HEAD_DIM_WORDS.search(message) or re.search(rf"\b[dD]\s*(=|==|:)\s*{value}", text):
+        return True
+    if kind in DELIBERATE and re.search(value, SHAPE.sub("", text)):
+        return True
+    return kind in TRITON_REFUSALS and TRITON_POWER_OF_TWO in f"{message}\n{traceback}"
+
+
+def refusal(reply, case, phase="forward"):
+    """The message of the class refusing `case`'s head dim, or None (the rule above). `phase` is
+    the check's: a backward check also takes the backward's own refusal."""
+    if case.head_dim in POWER_OF_TWO_DIMS:
+        return None
+    if reply.status == "error" and next(reversed(reply.phases), None) == "forward":
+        error = {"message": reply.message, "traceback": reply.traceback}
+    elif reply.ok and phase == "backward" and reply.result.get("backward_error"):
+        error = reply.result["backward_error"]
+    else:
+        return None
+    if names_head_dim(error["message"], error.get("traceback", ""), case.head_dim):
+        return error["message"]
+    return None
+
+
+def settle(check, grading, submission, slot, tier, case, phase="forward"):
+    """The reply and tensors of a case, or end the check the way the call went wrong."""
+    grading.fail_if_stub(check, submission, FLASH_SLOTS[slot])
+    reply, tensors = run_case(grading, submission, slot, case)
+    if refused := refusal(reply, case, phase):
+        check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refused}")
+        return None, None
+    if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
+            and not grading.on_gpu:
+        check.skip(f"needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
+                   f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
+    check.settle_reply(reply)
+    backward_error = (reply.result.get("backward_error") or {}) if phase == "backward" else {}
+    if backward_error.get("status") == "not_attempted":
+        check.fail(f"not attempted: the backward raised {backward_error['message']}", outcome="not_attempted")
+    if backward_error:
+        check.fail(f"the backward raised {backward_error['message']}", backward_error.get("traceback", ""),
+                   outcome="error")
+    return reply, tensors
