@@ -1,9 +1,10 @@
 """The grading plugin: active only under `pytest --impl PATH`.
 
-It parametrizes the suite over submissions, keeps one runner per submission per worker, records
-each check the moment it finishes, and at the end of the session assembles every submission's
-results.json and builds the HTML reports. Under xdist a submission's checks stay on one worker
-(`--dist loadgroup`), so its runner starts once, while a class spreads over all workers.
+It parametrizes the suite over submissions, keeps one runner per group of checks per worker,
+records each check the moment it finishes, and at the end of the session assembles every
+submission's results.json, builds the HTML reports and prints where the time went. Under xdist
+(`--dist loadgroup`) a group's checks stay on one worker, so its runner starts once; a group is
+one shard of a submission (tests/grading/shards.py), so one submission spreads over workers too.
 
 Only the controller writes under reports/ (tests/grading/record_store.py says which file is
 whose): workers send what they find on the test reports' user_properties, the check record as
@@ -30,7 +31,8 @@ from fa2_adapters.harness.client import SubmissionRunner
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
-from tests.grading import record_store
+from tests.grading import record_store, shards
+from tests.grading.durations import Durations
 from tests.grading.rubric import Rubric
 
 
@@ -97,32 +99,44 @@ class Grading:
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
-        self._runners = {}
-        self._replies = {}
+        # On a GPU, under xdist, several workers share one submission (tests/grading/shards.py);
+        # the plugin sets the shard of the test under way, and each (submission, shard) has its
+        # runner. On a CPU there is no compiling to spread, only runner starts to add.
+        self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
+        self.shard = ""
+        self._runners = {}  # (submission name, shard) -> SubmissionRunner
+        self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
     def _switch_to(self, name: str):
-        """A worker grades one submission's checks together (loadgroup): when the next one starts,
+        """A worker grades one group's checks together (loadgroup): when the next group starts,
         close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
-        if name == self._current:
+        group = (name, self.shard)
+        if group == self._current:
             return
-        for other in [n for n in self._runners if n != name]:
+        for other in [g for g in self._runners if g != group]:
             self._runners.pop(other).close()
-        self._replies = {key: value for key, value in self._replies.items() if key[0] == name}
-        self._current = name
+        self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
+        self._current = group
+
+    def runner_env(self) -> dict:
+        """What a runner of this worker gets besides the harness's own environment: the Triton
+        interpreter without a GPU, this worker's GPU on a host of several, its share of the cores."""
+        env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # pin workers to GPUs round-robin
+        if self.on_gpu and torch.cuda.device_count() > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
+            env["CUDA_VISIBLE_DEVICES"] = str(int(worker.lstrip("gw") or 0) % torch.cuda.device_count())
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
 
     def runner(self, submission) -> SubmissionRunner:
         self._switch_to(submission.name)
-        if submission.name not in self._runners:
-            env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
-            worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # pin workers to GPUs round-robin
-            if self.on_gpu and torch.cuda.device_count() > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
-                env["CUDA_VISIBLE_DEVICES"] = str(int(worker.lstrip("gw") or 0) % torch.cuda.device_count())
-            env["OMP_NUM_THREADS"] = str(self.threads)
-            self._runners[submission.name] = SubmissionRunner(submission, env=env,
-                                                              import_timeout=self.rubric.timeout("import"))
-        return self._runners[submission.name]
+        group = (submission.name, self.shard)
+        if group not in self._runners:
+            self._runners[group] = SubmissionRunner(submission, env=self.runner_env(),
+                                                    import_timeout=self.rubric.timeout("import"))
+        return self._runners[group]
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
@@ -139,7 +153,7 @@ class Grading:
     def call_cached(self, submission, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
         self._switch_to(submission.name)
-        key = (submission.name, key)  # replies never cross submissions
+        key = ((submission.name, self.shard), key)  # replies never cross submissions or shards
         if key not in self._replies:
             runner = self.runner(submission)
             reply = runner.call(request, timeout, what)
@@ -159,11 +173,11 @@ class Grading:
                       if v is not None})
 
     def forget(self, name: str):
-        """Drop a submission's cached replies and close its runner: a retry starts afresh."""
-        self._replies = {key: value for key, value in self._replies.items() if key[0] != name}
-        if name in self._runners:
+        """Drop a submission's cached replies and close its runners: a retry starts afresh."""
+        self._replies = {key: value for key, value in self._replies.items() if key[0][0] != name}
+        for group in [g for g in self._runners if g[0] == name]:
             try:
-                self._runners.pop(name).close()
+                self._runners.pop(group).close()
             except Exception:
                 pass
 
@@ -225,6 +239,7 @@ class GradingPlugin:
         self.modules = set()
         self._collected_sent = False
         self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
+        self.durations = Durations()  # controller only
         self._runner_seen = set()
 
     # -- setup -----------------------------------------------------------------------------
@@ -276,14 +291,19 @@ class GradingPlugin:
         for item in items:
             name = submission_of(item)
             if name is not None:
+                item.grading_shard = shards.shard_of(item, self.state.stubs[name]) if self.state.sharded else ""
                 if grouping:
-                    item.add_marker(pytest.mark.xdist_group(name))
+                    item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
                 item.grading_nodeid = item.nodeid  # without the "@group" xdist appends
                 self.collected.setdefault(name, set()).add(item.nodeid)
                 if (module := item.nodeid.split("::", 1)[0]) not in partial:
                     self.modules.add(module)
         if not self.is_worker:
             self._save_collected()
+
+    @pytest.hookimpl(tryfirst=True)
+    def pytest_runtest_setup(self, item):
+        self.state.shard = getattr(item, "grading_shard", "")  # the runner this test's calls go to
 
     # -- recording -------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -348,7 +368,8 @@ class GradingPlugin:
         name = submission_of(item)
         if name is None:
             return
-        sent = []  # on this report only (not item.user_properties, which all its reports share)
+        # On this report only (not item.user_properties, which all its reports share).
+        sent = [("grading_submission", name)]
         if self.is_worker and not self._collected_sent:
             self._collected_sent = True
             sent.append(("grading_collected", {"items": {k: sorted(v) for k, v in self.collected.items()},
@@ -357,8 +378,7 @@ class GradingPlugin:
             sent.append(("grading_runner", facts))
         if (record := self._record(item, report, call, name)) is not None:
             sent.append(("grading_check", record.to_json()))
-        if sent:
-            report.user_properties = [*report.user_properties, *sent]
+        report.user_properties = [*report.user_properties, *sent]
 
     def pytest_runtest_logreport(self, report):
         if self.is_worker:
@@ -371,6 +391,8 @@ class GradingPlugin:
             self._save_collected()
         if facts := sent.get("grading_runner"):
             self._note_runner(facts)
+        if name := sent.get("grading_submission"):
+            self.durations.add(name, report.nodeid, report.duration, sent.get("grading_check"))
         if (sent_record := sent.get("grading_check")) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 print(f"\n{report.nodeid}: failed without a result (worker crash?)", file=sys.stderr)
@@ -416,9 +438,11 @@ class GradingPlugin:
 
     def _submission_of_id(self, nodeid: str):
         """The submission of a test id as a worker reports it under loadgroup, "<id>@<group>", the
-        group being the submission's name (the longest that fits, should one name end another)."""
-        names = [s.name for s in self.state.submissions if nodeid.endswith(f"@{s.name}")]
-        return max(names, key=len, default=None)
+        group being the submission's name, or "<name>/<shard>" (tests/grading/shards.py)."""
+        if "@" not in nodeid:
+            return None
+        name = shards.submission_of_group(nodeid.rsplit("@", 1)[1])
+        return name if any(s.name == name for s in self.state.submissions) else None
 
     def _set_pending(self, names):
         """Pending checks per submission, from the submission of each collected test (None: not a
@@ -454,5 +478,7 @@ class GradingPlugin:
         terminalreporter.section("grades")
         for name, score, max_score, output in self.summary:
             terminalreporter.write_line(f"{name:30s} {score:7.2f} / {max_score:6.2f}   {output}")
+        for line in self.durations.lines():
+            terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")

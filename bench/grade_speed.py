@@ -1,0 +1,150 @@
+"""How long grading takes, and where the time goes: the scenarios of issue 12, in one table.
+
+Run on a GPU (the device), from the repository root, with a grader checkout in GRADER (this
+repository by default, or an archived older one, to compare):
+
+    python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--cold] [--limit S]
+    python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S]
+    python bench/grade_speed.py table  $OUT/single $OUT/class ...
+
+`single` grades the bundled reference submission alone (`-n 0`, the full default rubric);
+`--cold` first empties the grader's persistent Triton cache, so compiling and autotuning are
+counted. `class` grades the bundled class (the reference and submissions/examples) with
+`-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole
+run, and the time of every check from the check records (`recorded_at`, written as each check
+finishes) by check kind and by submission. A run stopped at `--limit` seconds still counts
+what finished, marked as stopped. `table` prints one row per run and the slowest check kinds.
+"""
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import time
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def triton_cache_dir() -> Path:
+    """The grader's persistent Triton cache (fa2_adapters.harness.scratch), if this grader has one."""
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
+    return Path(base) / "fa2-grader"
+
+
+def grade(grader: Path, impls: list, workers: str, out: Path, limit: float) -> dict:
+    reports = out / "reports"
+    shutil.rmtree(reports, ignore_errors=True)
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--reports={reports}",
+               "-n", workers, *[f"--impl={i}" for i in impls]]
+    print("+", " ".join(command), flush=True)
+    start = time.monotonic()
+    stopped = False
+    with (out / "pytest.log").open("w") as log:
+        try:
+            status = subprocess.run(command, cwd=grader, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+        except subprocess.TimeoutExpired:
+            status, stopped = None, True
+    wall = time.monotonic() - start
+    return {"command": " ".join(command[1:]), "wall_s": round(wall, 1), "status": status, "stopped": stopped,
+            "started": time.time() - wall, **breakdown(reports, time.time() - wall, workers == "0")}
+
+
+def breakdown(reports: Path, started: float, sequential: bool) -> dict:
+    """Seconds by check kind (part::check[tier]) and by submission, from the check records.
+
+    Sequential runs (-n 0) charge each check the time since the one before it finished (the
+    wall clock, runner starts and oracles included); parallel runs charge the runner's own
+    call time (`seconds`), since their checks overlap."""
+    records = []
+    for path in reports.glob("*/checks/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        records.append(record)
+    records.sort(key=lambda r: r.get("recorded_at", 0))
+    by_kind, by_submission, count = defaultdict(float), defaultdict(float), defaultdict(int)
+    last = started
+    for r in records:
+        at = r.get("recorded_at", last)
+        seconds = (at - last) if sequential else float(r.get("seconds") or 0)
+        last = at
+        kind = f"{r.get('part')}::{r.get('check')}" + (f"[{r['tier']}]" if r.get("tier") else "")
+        by_kind[kind] += seconds
+        count[kind] += 1
+        by_submission[r.get("submission", "?")] += seconds
+    outcomes = defaultdict(int)
+    for r in records:
+        outcomes[r.get("outcome", "?")] += 1
+    return {"checks": len(records), "outcomes": dict(outcomes), "clock": "wall" if sequential else "runner",
+            "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
+            "by_submission": {k: round(v, 1) for k, v in sorted(by_submission.items(), key=lambda kv: -kv[1])}}
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = parser.add_subparsers(dest="what", required=True)
+    for name in ("single", "class"):
+        p = sub.add_parser(name)
+        p.add_argument("--out", type=Path, required=True)
+        p.add_argument("--grader", type=Path, default=ROOT)
+        p.add_argument("--limit", type=float, default=540.0, help="stop the run after this many seconds")
+        p.add_argument("--label", default="")
+        if name == "single":
+            p.add_argument("--cold", action="store_true", help="empty the persistent Triton cache first")
+        else:
+            p.add_argument("--workers", default="auto")
+    table = sub.add_parser("table")
+    table.add_argument("runs", type=Path, nargs="+")
+    args = parser.parse_args()
+
+    if args.what == "table":
+        print_table(args.runs)
+        return 0
+    args.out.mkdir(parents=True, exist_ok=True)
+    grader = args.grader.resolve()
+    if args.what == "single":
+        if args.cold:
+            shutil.rmtree(triton_cache_dir(), ignore_errors=True)
+        # The grader's own copy: only its bundled reference may link into its reference/.
+        result = grade(grader, [str(grader / "submissions" / "reference")], "0", args.out, args.limit)
+        result["scenario"] = "single" + (" cold" if args.cold else " warm")
+    else:
+        impls = [str(grader / "submissions" / "reference"), str(grader / "submissions" / "examples" / "*")]
+        result = grade(grader, impls, args.workers, args.out, args.limit)
+        result["scenario"] = f"class -n {args.workers}"
+    result["label"] = args.label or grader.name
+    result["gpus"] = gpu_names()
+    (args.out / "speed.json").write_text(json.dumps(result, indent=1))
+    print_table([args.out])
+    return 0
+
+
+def gpu_names() -> list:
+    try:
+        import torch
+        return [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    except Exception:
+        return []
+
+
+def print_table(runs: list) -> None:
+    results = [json.loads((Path(r) / "speed.json").read_text()) for r in runs]
+    print("\n| run | grader | GPUs | wall s | checks | outcomes | stopped |")
+    print("|---|---|---|---|---|---|---|")
+    for r in results:
+        gpus = f"{len(r['gpus'])}x {r['gpus'][0]}" if r.get("gpus") else "cpu"
+        outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
+        print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {r['checks']} | {outcomes} | "
+              f"{'yes, at the limit' if r['stopped'] else 'no'} |")
+    for r in results:
+        print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
+        for kind, (seconds, count) in list(r["by_kind"].items())[:12]:
+            print(f"  {seconds:8.1f}  {count:4d}  {kind}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

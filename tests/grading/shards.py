@@ -1,0 +1,48 @@
+"""Which runner of its submission a grading test uses: one submission spread over xdist workers.
+
+Under xdist a submission's tests go to workers by group (`--dist loadgroup`), and each worker
+holds one runner per group. With one group per submission, a submission is graded by one
+process: a correct Triton kernel spent about 10 s compiling and autotuning per case, one case
+after another, and one submission took over 9 minutes on an H100 (notes/grading-speed.md).
+So a submission's tests are split into shards that share nothing but the student's code:
+
+- the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
+  two shards compile the same kernel, and each shard's autotuning covers its own lengths;
+- the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
+- DDP by flavour, the sharded optimizer and FSDP each as one shard, timing and memory by slot.
+
+A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
+would start a runner per shard only to learn that it is not attempted. Without a GPU, without
+xdist or with one worker there is one shard per submission: there is no compiling to spread,
+and each shard would add a runner start (on a 2-core CPU the reference took 71 s instead of 45).
+
+A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
+part may hold one (a directory name never holds "/").
+"""
+from fa2_adapters.wire.cases import FLASH_SLOTS, SHORT
+
+SEPARATOR = "/"
+
+
+def shard_of(item, stubs: set) -> str:
+    """The shard of a grading test, from its module, its name and its parameters."""
+    params = item.callspec.params
+    module = item.module.__name__.rsplit(".", 1)[-1]
+    if module in ("test_timing", "test_memory"):
+        return f"{module.removeprefix('test_')}-{params['slot']}"
+    if module in ("test_distributed", "test_fsdp"):  # test_ddp_*, test_sharded_*, test_fsdp_*
+        family = item.originalname.split("_")[1]
+        return f"{family}-{params['flavour']}" if "flavour" in params else family
+    slot = params.get("slot", "pytorch")  # test_runs_on_cuda has no slot: the PyTorch class
+    case = params.get("case")
+    if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
+        return slot
+    return f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}-d{case.head_dim}"
+
+
+def group_name(submission: str, shard: str) -> str:
+    return f"{submission}{SEPARATOR}{shard}" if shard else submission
+
+
+def submission_of_group(group: str) -> str:
+    return group.split(SEPARATOR, 1)[0]
