@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa2_adapters.wire.cases import FlashCase  # noqa: E402
 from fa2_adapters.harness.client import SubmissionRunner  # noqa: E402
 from fa2_adapters.harness.discover import load_submission  # noqa: E402
+from fa2_adapters.wire.cases import FlashCase  # noqa: E402
 from tests.grading.rubric import Rubric  # noqa: E402
 from tests.grading.test_timing import median_ms  # noqa: E402
 
@@ -57,7 +57,8 @@ def main():
                 runner.close()
         rows.append((slot, case.id, budget["ratio"], ratios))
 
-    print(f"\n{'slot':8s} {'case':28s} {'who':10s} {'min':>6s} {'median':>7s} {'max':>6s}   runs over 1.5x / 2x / 3x / 5x")
+    print(f"\n{'slot':8s} {'case':28s} {'who':10s} {'min':>6s} {'median':>7s} {'max':>6s}"
+          "   runs over 1.5x / 2x / 3x / 5x")
     for slot, case_id, current, ratios in rows:
         for who, values in ratios.items():
             over = " / ".join(str(sum(v > b for v in values)) for b in (1.5, 2, 3, 5))

@@ -170,7 +170,8 @@ def table(official: dict, graded: dict, old: dict | None) -> str:
             o = old.get(name, {})
             before = ("; ".join(f"{p}/{n}" for p, n in o.get("course", {}).values()) or "-") + \
                      (" (ungradable)" if o.get("ungradable") else "") + f" | {o.get('score', '-')} | "
-        lines.append(f"| {name} | {cell} | {course} | {before}{row.get('score', '-')}/{row.get('max_score', '-')} | {parts} |")
+        score = f"{row.get('score', '-')}/{row.get('max_score', '-')}"
+        lines.append(f"| {name} | {cell} | {course} | {before}{score} | {parts} |")
     return "\n".join(lines)
 
 

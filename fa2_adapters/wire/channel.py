@@ -8,7 +8,6 @@ import os
 import select
 import time
 
-
 MAX_MESSAGE = 16 << 20  # bytes
 
 

@@ -109,18 +109,22 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         if abs(ratio - 1 / math.log(2)) < 0.02:
             return "L differs from the oracle by a factor of 1/ln 2: the LSE is stored in base 2."
         offset = got - want
-        if offset.shape[-1] > 1 and offset.std().item() < 1e-3 * (1 + offset.abs().mean().item()) and offset.abs().mean() > 1e-3:
-            if offset.abs().mean() > 0.1:  # a row max is of order 1 or more; a rounding bias is not
-                return f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from L = m + log(l)."
+        mean = offset.abs().mean().item()
+        if offset.shape[-1] > 1 and offset.std().item() < 1e-3 * (1 + mean) and mean > 1e-3:
+            if mean > 0.1:  # a row max is of order 1 or more; a rounding bias is not
+                return (f"L is off by a constant {offset.mean().item():.3g}: the running max is missing from "
+                        f"L = m + log(l).")
             return (f"L is off by the same {offset.mean().item():.3g} in every row: a systematic bias, not a missing "
-                    f"term. Look for a constant rounded to low precision (log2(e), ln 2) or L computed in {case.dtype}.")
+                    f"term. Look for a constant rounded to low precision (log2(e), ln 2) or L computed in "
+                    f"{case.dtype}.")
         if matches("lse-without-max"):
             return "L equals log(l) without the row max: the running max m is missing from L = m + log(l)."
 
     if case.is_causal:
         if matches("non-causal"):
             return f"{name} equals non-causal attention: is_causal is ignored."
-        if name in ("dq", "dk", "dv") and any(matches(f"backward-unmasked{t}") for t in ("", "-16", "-32", "-64", "-128")):
+        tiles = ("", "-16", "-32", "-64", "-128")
+        if name in ("dq", "dk", "dv") and any(matches(f"backward-unmasked{t}") for t in tiles):
             return (f"{name} matches a backward that recomputes P = exp(S - L) without the causal mask: the forward "
                     f"is causal, the backward ignores is_causal.")
         if matches("diagonal-masked", from_row=1 if name in ("o", "L", "dq") else 0):

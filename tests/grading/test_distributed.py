@@ -29,8 +29,16 @@ import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import DDP_FLAVOURS, build_model, make_batches
-from tests.grading.distributed_checks import (WORLD_SIZE, close, distributed_call, max_diff, names, one_thread,
-                                              pick, settle_scenario)
+from tests.grading.distributed_checks import (
+    WORLD_SIZE,
+    close,
+    distributed_call,
+    max_diff,
+    names,
+    one_thread,
+    pick,
+    settle_scenario,
+)
 
 DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
 BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn

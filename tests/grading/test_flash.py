@@ -11,8 +11,7 @@ import torch
 from fa2_adapters.wire.cases import FLASH_SLOTS
 from reference.tolerance import course_close, judge_attention
 from tests.grading import diagnose
-from tests.grading.flash_checks import (SLOTS, expected, expected_tf32, flash_timeout, mistaken, run_case,
-                                        settle)
+from tests.grading.flash_checks import SLOTS, expected, expected_tf32, flash_timeout, mistaken, run_case, settle
 from tests.grading.matrix import COURSE_CASE, flash_cases, slot_device
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -110,7 +109,8 @@ def test_runs_on_cuda(grading, submission, check):
         c.fail(f"on CUDA inputs the PyTorch class returned {', '.join(off)} on the CPU: create its tensors with "
                f"device=q.device.")
     oracle = expected(COURSE_CASE, grading.seed, "cuda")[1][0]
-    if problems := [p for n in ("o", "dq", "dk", "dv") if n in tensors and (p := course_close(n, tensors[n], oracle[n]))]:
+    problems = [p for n in ("o", "dq", "dk", "dv") if n in tensors and (p := course_close(n, tensors[n], oracle[n]))]
+    if problems:
         c.fail(f"on CUDA inputs the results differ from the oracle beyond the official tolerance: {problems[0]}",
                "\n".join(problems))
     c.ok("the course case runs on CUDA tensors and stays within the official tolerance")
@@ -151,7 +151,8 @@ def test_no_library_attention(grading, submission, check, slot):
     tier, case = flash_cases(slot, grading.on_gpu)[0]
     c = check(f"flash_{slot}", "uses_triton" if slot == "triton" else "no_sdpa", case, "implementation")
     reply, _ = settle(c, grading, submission, slot, tier, case)
-    forbidden = {**reply.result["forward"]["forbidden_ops"], **reply.result.get("backward", {}).get("forbidden_ops", {})}
+    forbidden = {**reply.result["forward"]["forbidden_ops"],
+                 **reply.result.get("backward", {}).get("forbidden_ops", {})}
     if forbidden:
         c.fail(f"calls a library attention ({', '.join(sorted(forbidden))}) instead of implementing it.")
     if slot == "triton" and not reply.result["forward"]["triton_launches"]:

@@ -26,8 +26,18 @@ import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import build_model, make_batches
-from tests.grading.distributed_checks import (ATOL, RTOL, WORLD_SIZE, close, distributed_call, max_diff, names,
-                                              one_thread, pick, settle_scenario)
+from tests.grading.distributed_checks import (
+    ATOL,
+    RTOL,
+    WORLD_SIZE,
+    close,
+    distributed_call,
+    max_diff,
+    names,
+    one_thread,
+    pick,
+    settle_scenario,
+)
 
 FSDP_MODEL = "toy"
 FSDP_STEPS, FSDP_BATCH, FSDP_LR = 5, 8, 0.1  # plain SGD: a wrong gradient scale shows in the parameters

@@ -78,7 +78,8 @@ def test_budget(grading, submission, check, slot):
     ratio = student_ms / reference_ms
     timing = {"student_ms": student_ms, "reference_ms": reference_ms, "sdpa_ms": sdpa_ms,
               "ratio": ratio, "budget": budget["ratio"]}
-    evidence = f"student {student_ms:.3f} ms, reference {reference_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms (fwd+bwd, {case.id})"
+    evidence = (f"student {student_ms:.3f} ms, reference {reference_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms "
+                f"(fwd+bwd, {case.id})")
     if ratio > budget["ratio"]:
         c.fail(f"forward+backward takes {ratio:.1f}x the reference's time, over the budget of {budget['ratio']:g}x.",
                evidence, timing=timing)

@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fa2_adapters.runner import course_env
 from fa2_adapters.harness.client import SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.runner import course_env
 
 ROOT_PYPROJECT = '''
 [project]
@@ -80,7 +80,8 @@ def write(path: Path, text: str) -> None:
 
 
 def course_repo(root: Path, basics: str = "./cs336-basics", ship_basics: bool = True, namespace: bool = False,
-                src_layout: bool = False, extra_root: str = "", extra_basics: str = "", adapters: str = ADAPTERS) -> Path:
+                src_layout: bool = False, extra_root: str = "", extra_basics: str = "",
+                adapters: str = ADAPTERS) -> Path:
     """A repo shaped like the course's assignment 2, with the student's cs336-basics/ inside."""
     write(root / "pyproject.toml", ROOT_PYPROJECT.format(basics=basics, extra=extra_root))
     write(root / "cs336_systems" / "__init__.py",
@@ -191,8 +192,9 @@ def test_declared_packages_missing_make_one_finding(tmp_path):
 def test_course_packages_point_at_the_extra():
     note = course_env.missing_note({"einx": ["cs336-basics/pyproject.toml"]}, ["a.py", "b.py", "c.py", "d.py"])
     assert note == ("The submission declares einx (cs336-basics/pyproject.toml), which this grader's Python lacks; "
-                    "a.py, b.py, c.py and 1 more file import it. Install it where the grader runs (`pip install einx`; `pip install -e '.[course]'` in the "
-                    "grader's folder installs the course's einops, einx, jaxtyping and pandas) and grade again.")
+                    "a.py, b.py, c.py and 1 more file import it. Install it where the grader runs "
+                    "(`pip install einx`; `pip install -e '.[course]'` in the grader's folder installs the course's "
+                    "einops, einx, jaxtyping and pandas) and grade again.")
 
 
 def test_broken_pyproject_is_a_note_not_a_crash(tmp_path):

@@ -4,11 +4,12 @@ Wrong tensors are built here from the float64 oracle by hand (a scaled gradient,
 a strict causal mask, ...), independently of tests/grading/mistakes.py where that is possible.
 """
 import math
+
 import pytest
 import torch
 
-from fa2_adapters.wire.cases import FlashCase, make_inputs
 from fa2_adapters.harness.discover import load_submission, stub_functions
+from fa2_adapters.wire.cases import FlashCase, make_inputs
 from reference.oracle import attention_and_grads
 from reference.tolerance import expected_attention, judge_attention
 from tests.grading import diagnose, mistakes

@@ -16,10 +16,10 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import state_held
-from reference import ddp
 from fa2_adapters.runner.ranks import run_on_ranks
-from reference.sharded_optimizer import ShardedOptimizer, state_numel
 from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from reference import ddp
+from reference.sharded_optimizer import ShardedOptimizer, state_numel
 from tests.grading.test_distributed import judge_buffers, judge_state_balanced, judge_state_sharded
 
 WORLD_SIZE = 2

@@ -145,7 +145,8 @@ def judge(name: str, reports: Path) -> dict:
 
     checks = [{"name": t["name"].split("::", 1)[1], "status": t.get("status"), "score": t["score"],
                "max_score": t["max_score"], "outcome": t["extra_data"].get("outcome", ""),
-               "text": (t["extra_data"].get("diagnosis") or "") + "\n" + (t.get("output") or "")} for t in results["tests"]]
+               "text": (t["extra_data"].get("diagnosis") or "") + "\n" + (t.get("output") or "")}
+              for t in results["tests"]]
     failed = [c for c in checks if c["status"] == "failed"]
     problems, gap = [], []  # gap: what a known_gap excuses (the bug not caught, or not explained)
 
@@ -156,8 +157,8 @@ def judge(name: str, reports: Path) -> dict:
                        + (f" (it matched: {'; '.join(seen[:5])})" if seen else " (it matched no check at all)"))
     for text in diagnosis:
         if not any(text in c["text"] for c in failed):
-            gap.append(f"diagnosis {text!r} appears in no failed check; diagnoses given: "
-                       + "; ".join(sorted({c["text"].strip().splitlines()[0] for c in failed if c["text"].strip()})[:8]))
+            given = sorted({c["text"].strip().splitlines()[0] for c in failed if c["text"].strip()})
+            gap.append(f"diagnosis {text!r} appears in no failed check; diagnoses given: " + "; ".join(given[:8]))
     for c in failed:
         if not any(matches(p, c["name"]) for p in must_fail + may_fail):
             problems.append(f"unexpected failure {c['name']} [{c['outcome']}]: {c['text'].strip()[:300]}")
@@ -197,7 +198,8 @@ def judge(name: str, reports: Path) -> dict:
         else:
             row[part] = "ok"
     return {"problems": problems, "gap": gap, "row": row, "score": results["score"],
-            "max_score": results["max_score"], "known_gap": expected.get("known_gap"), "device": "gpu" if on_gpu else "cpu"}
+            "max_score": results["max_score"], "known_gap": expected.get("known_gap"),
+            "device": "gpu" if on_gpu else "cpu"}
 
 
 def render_table(verdicts: dict, run: dict) -> str:

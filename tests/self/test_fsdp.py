@@ -13,9 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from reference import fsdp
 from fa2_adapters.runner.ranks import run_on_ranks
 from fa2_adapters.runner.toy_models import ToyModel, ToyModelWithTiedWeights
+from reference import fsdp
 
 WORLD_SIZE, SEED, STEPS, BATCH, LR = 2, 0, 4, 8, 0.1
 

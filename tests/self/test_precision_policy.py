@@ -10,7 +10,6 @@ Triton slot it must pass every fp32 check and be reported as TF32, while a softm
 or a causal mask that hides the diagonal must still fail.
 """
 import json
-import math
 import subprocess
 import sys
 import textwrap
@@ -19,8 +18,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from reference.tolerance import (compare, course_close, expected_attention, judge_attention, round_to_tf32,
-                                 tf32_attention_and_grads)
+from reference.tolerance import (
+    compare,
+    course_close,
+    expected_attention,
+    judge_attention,
+    round_to_tf32,
+    tf32_attention_and_grads,
+)
 
 ROOT = Path(__file__).resolve().parents[2]
 

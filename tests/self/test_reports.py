@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from reporting import build_reports, main
-from reporting import plots
+from reporting import build_reports, main, plots
 from reporting.classstats import case_families, check_families, family_rates
 from reporting.page_model import load_all
 from reporting.record import CheckRecord
@@ -328,7 +327,7 @@ def test_student_view_drops_hidden_checks_and_rescores(staff, student):
     score = sum(t["score"] for t in visible)
     max_score = sum(t["max_score"] for t in visible)
     assert f'<div class="score">{score:g} <small>/ {max_score:g} points' in page
-    assert f"Student view: the score counts only the checks shown on this page." in page
+    assert "Student view: the score counts only the checks shown on this page." in page
     assert f"{len(hidden)} further checks will be graded and shown later." in page
     assert "class report" not in page  # no link to the class page, which shows everyone
     assert "Runner output" not in page  # stdout_visibility is "hidden" in the fixtures
@@ -502,7 +501,8 @@ def test_notes_are_findings_at_the_top(staff):
         page = (reports / name / "index.html").read_text()
         notes = fixture_json(name)["extra_data"]["notes"]
         for note in notes:
-            banner = f'<div class="banner act note"><strong>Action needed:</strong> {note.replace(chr(39), "&#39;")}</div>'
+            escaped = note.replace(chr(39), "&#39;")
+            banner = f'<div class="banner act note"><strong>Action needed:</strong> {escaped}</div>'
             assert banner in page
             assert page.index(banner) < page.index('<div class="score">')  # near the top
     assert 'class="banner act' not in (reports / "alice" / "index.html").read_text()
