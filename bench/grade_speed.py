@@ -3,11 +3,12 @@
 Run on a GPU (the device), from the repository root, with a grader checkout in GRADER (this
 repository by default, or an archived older one, to compare):
 
-    python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--cold] [--limit S]
+    python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S]
     python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S]
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
 
-`single` grades the bundled reference submission alone (`-n 0`, the full default rubric);
+`single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
+on a GPU its checks spread over the workers in shards, tests/grading/shards.py);
 `--cold` first empties the grader's persistent Triton cache, so compiling and autotuning are
 counted. `class` grades the bundled class (the reference and submissions/examples) with
 `-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole
@@ -17,7 +18,6 @@ what finished, marked as stopped. `table` prints one row per run and the slowest
 """
 import argparse
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -29,9 +29,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def triton_cache_dir() -> Path:
-    """The grader's persistent Triton cache (fa2_adapters.harness.scratch), if this grader has one."""
-    base = os.environ.get("XDG_CACHE_HOME") or os.path.expanduser("~/.cache")
-    return Path(base) / "fa2-grader"
+    """Where the grader keeps compiled kernels between runs (fa2_adapters/harness/kernel_cache.py)."""
+    sys.path.insert(0, str(ROOT))
+    from fa2_adapters.harness.kernel_cache import cache_root
+    return cache_root() / "triton"
 
 
 def grade(grader: Path, impls: list, workers: str, out: Path, limit: float) -> dict:
@@ -93,10 +94,9 @@ def main() -> int:
         p.add_argument("--grader", type=Path, default=ROOT)
         p.add_argument("--limit", type=float, default=540.0, help="stop the run after this many seconds")
         p.add_argument("--label", default="")
+        p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
         if name == "single":
-            p.add_argument("--cold", action="store_true", help="empty the persistent Triton cache first")
-        else:
-            p.add_argument("--workers", default="auto")
+            p.add_argument("--cold", action="store_true", help="empty the kept Triton cache first")
     table = sub.add_parser("table")
     table.add_argument("runs", type=Path, nargs="+")
     args = parser.parse_args()
@@ -110,8 +110,8 @@ def main() -> int:
         if args.cold:
             shutil.rmtree(triton_cache_dir(), ignore_errors=True)
         # The grader's own copy: only its bundled reference may link into its reference/.
-        result = grade(grader, [str(grader / "submissions" / "reference")], "0", args.out, args.limit)
-        result["scenario"] = "single" + (" cold" if args.cold else " warm")
+        result = grade(grader, [str(grader / "submissions" / "reference")], args.workers, args.out, args.limit)
+        result["scenario"] = f"single -n {args.workers}" + (" cold" if args.cold else " warm")
     else:
         impls = [str(grader / "submissions" / "reference"), str(grader / "submissions" / "examples" / "*")]
         result = grade(grader, impls, args.workers, args.out, args.limit)

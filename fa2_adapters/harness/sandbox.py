@@ -3,9 +3,10 @@ resource limits, and a way to kill every process it ever started.
 
 Two halves live here:
 
-- the harness side (used by fa2_adapters.harness.client): `isolation()` probes once per process what this
-  machine allows; `claim_uid`, `kill_uid`, `processes` and `rss_bytes` manage one runner's
-  processes; `launch_command` builds the command line that starts a runner confined.
+- the harness side (used by fa2_adapters.harness: client, scratch, watchdog): `isolation()` probes
+  what this machine allows, once per process and memory limit; `claim_uid`, `kill_uid`,
+  `processes` and `rss_bytes` manage one runner's processes; `launch_command` builds the command
+  line that starts a runner confined.
 - the launcher (`python -I fa2_adapters/harness/sandbox.py SPEC -- ARGV...`), which runs between the fork
   and the runner's exec: it sets hard resource limits, enters new mount and network namespaces,
   builds a root of its own (a tmpfs holding binds of the system folders, the Python install and
@@ -41,6 +42,7 @@ SANDBOX_PY = Path(__file__).resolve()
 UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # far above any real account
 
 CLONE_NEWNS, CLONE_NEWNET = 0x00020000, 0x40000000
+PR_SET_PDEATHSIG = 1
 MS_NOSUID, MS_NODEV = 2, 4
 MS_BIND, MS_REC, MS_PRIVATE = 4096, 16384, 1 << 18
 
@@ -112,6 +114,7 @@ def _loopback_up() -> None:
 
 def launch(spec: dict, argv: list) -> None:
     """Confine this process as `spec` says, then exec `argv`. Never returns."""
+    grader = os.getppid()
     os.umask(0o022)
     for name, value in spec.get("limits", {}).items():
         which = getattr(resource, name)
@@ -132,6 +135,11 @@ def launch(spec: dict, argv: list) -> None:
         os.setgroups([])
         os.setresgid(uid, uid, uid)
         os.setresuid(uid, uid, uid)
+    # A runner dies with the grader that started it (a killed pytest worker, say): a submission
+    # that hangs must not spin on after it. Set after the change of uid, which clears it.
+    _check(libc.prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0), "prctl(PR_SET_PDEATHSIG)")
+    if os.getppid() != grader:  # the grader died before that: nobody is waiting
+        os._exit(71)
     os.chdir(cwd)  # the same path, in the new root
     os.execv(argv[0], argv)
 
@@ -177,20 +185,27 @@ def root_binds(hidden: list) -> list:
     return binds + [r for r in python_roots(hidden) if not any(_is_under(r, b) for b in binds)]
 
 
-_ISOLATION = None
+_ISOLATION = {}  # (scratch_parent, data_limit) -> what isolation() found for them
 
 
 def isolation(scratch_parent: str, data_limit: int = 0) -> dict:
-    """What confinement works on this machine, probed once per process by starting a confined
-    interpreter that imports torch (and, where the harness sees a GPU, allocates on it):
+    """What confinement works on this machine, probed by starting a confined interpreter that
+    imports torch (and, where the harness sees a GPU, allocates on it):
     {"mode": "namespace" | "uid" | "none", "network": bool, "data_limit": bool, "note": str}.
     `data_limit` is the RLIMIT_DATA to try (0: none); if the probe fails with it and works
     without it (a driver mapping more than the limit, say), runners go without it and the
-    harness's memory watchdog alone bounds them."""
-    global _ISOLATION
-    if _ISOLATION is not None:
-        return _ISOLATION
+    harness's memory watchdog alone bounds them. Probed once per process for each
+    (scratch_parent, data_limit): a limit that works says nothing of a smaller one. The user,
+    GRADER_SANDBOX and the GPU are no part of the key: they are taken as fixed for the process."""
+    key = (scratch_parent, data_limit)
+    if key not in _ISOLATION:
+        _ISOLATION[key] = _probe_isolation(scratch_parent, data_limit)
+    return _ISOLATION[key]
+
+
+def _probe_isolation(scratch_parent: str, data_limit: int) -> dict:
     import subprocess
+
     import torch
 
     root = os.geteuid() == 0 and os.environ.get("GRADER_SANDBOX", "").lower() not in ("0", "off", "none")
@@ -223,10 +238,9 @@ def isolation(scratch_parent: str, data_limit: int = 0) -> dict:
                     what += "; no RLIMIT_DATA (it broke the probe), the memory watchdog alone"
                 if notes and mode != "namespace":
                     what += " (" + "; ".join(notes)[-400:] + ")"
-                _ISOLATION = {"mode": mode, "network": network, "data_limit": with_data,
-                              "note": f"runner {'isolated: ' if mode != 'none' else ''}{what}"}
                 shutil.rmtree(probe_dir, ignore_errors=True)
-                return _ISOLATION
+                return {"mode": mode, "network": network, "data_limit": with_data,
+                        "note": f"runner {'isolated: ' if mode != 'none' else ''}{what}"}
             notes.append(f"{mode}{'+net' if network else ''}{'+data' if with_data else ''}: "
                          f"{(proc.stderr or proc.stdout).strip()[-200:]}")
         except Exception as exc:
@@ -236,9 +250,8 @@ def isolation(scratch_parent: str, data_limit: int = 0) -> dict:
                 kill_uid(uid)
                 release_uid(uid)
     shutil.rmtree(probe_dir, ignore_errors=True)
-    _ISOLATION = {"mode": "none", "network": False, "data_limit": False, "launcher": False,
-                  "note": "runner NOT isolated and no limits: the sandbox launcher failed (" + "; ".join(notes)[-600:] + ")"}
-    return _ISOLATION
+    return {"mode": "none", "network": False, "data_limit": False, "launcher": False,
+            "note": "runner NOT isolated and no limits: the sandbox launcher failed (" + "; ".join(notes)[-600:] + ")"}
 
 
 def _claims() -> Path:

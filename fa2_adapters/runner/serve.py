@@ -20,13 +20,11 @@ from pathlib import Path
 # called `torch` or `triton` cannot shadow them.
 import torch
 
-from fa2_adapters.runner import course_env
-from fa2_adapters.runner import instruments
+from fa2_adapters.runner import course_env, distributed_ops, flash_call, instruments
+from fa2_adapters.runner.ranks import run_on_ranks
+from fa2_adapters.wire import tensors as wire_tensors
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from fa2_adapters.wire.channel import Channel
-from fa2_adapters.runner import flash_call
-from fa2_adapters.runner import distributed_ops
-from fa2_adapters.runner.ranks import run_on_ranks
 
 try:
     import triton  # noqa: F401
@@ -51,7 +49,8 @@ def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
     try:
         env = course_env.read(root)
     except Exception as exc:  # never let the grader's own reading stop the import
-        env = course_env.CourseEnv(refused=[f"the grader could not read the submission's pyproject.toml files: {exc!r}"])
+        env = course_env.CourseEnv(
+            refused=[f"the grader could not read the submission's pyproject.toml files: {exc!r}"])
     for note in env.refused:  # the harness reports these too (discover); here they go to the log
         print(f"[runner] {note}", flush=True)
     sys.path[:0] = ([str(root)] + [str(root / p) for p in extra_paths] + env.paths
@@ -120,9 +119,7 @@ class Runner:
         self.channel.send({"event": "phase", "phase": name})
 
     def save(self, tag: str, tensors: dict) -> str:
-        path = self.exchange / f"{tag}.pt"
-        torch.save({k: v.detach().cpu() for k, v in tensors.items() if isinstance(v, torch.Tensor)}, path)
-        return str(path)
+        return wire_tensors.save(self.exchange, tag, tensors)
 
     def op_flash(self, request: dict) -> dict:
         case = FlashCase.from_json(request["case"])
@@ -273,9 +270,8 @@ def main() -> None:
             advice = course_env.import_advice(root, exc)
         except Exception:
             advice = None
-        channel.send({"event": "ready", "import_error":
-                      f"{config['adapters_file']} failed to import: {describe(exc)}" + (f". {advice}" if advice else ""),
-                      "traceback": traceback.format_exc(limit=-8)})
+        error = f"{config['adapters_file']} failed to import: {describe(exc)}" + (f". {advice}" if advice else "")
+        channel.send({"event": "ready", "import_error": error, "traceback": traceback.format_exc(limit=-8)})
         return
     functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))
     channel.send({"event": "ready", "import_error": None, "functions": functions,

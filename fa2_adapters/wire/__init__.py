@@ -1,1 +1,1 @@
-"""Shared by the harness and the runner: the message channel and the attention cases."""
+"""Shared by the harness and the runner: the message channel, the attention cases and the tensor exchange."""

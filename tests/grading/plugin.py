@@ -27,6 +27,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from fa2_adapters.harness import kernel_cache
 from fa2_adapters.harness.client import SubmissionRunner
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
@@ -130,12 +131,18 @@ class Grading:
         env["OMP_NUM_THREADS"] = str(self.threads)
         return env
 
+    def kept_kernels(self, root, shard: str):
+        """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,
+        where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
+        return kernel_cache.kept_cache(root, shard) if self.on_gpu else None
+
     def runner(self, submission) -> SubmissionRunner:
         self._switch_to(submission.name)
         group = (submission.name, self.shard)
         if group not in self._runners:
             self._runners[group] = SubmissionRunner(submission, env=self.runner_env(),
-                                                    import_timeout=self.rubric.timeout("import"))
+                                                    import_timeout=self.rubric.timeout("import"),
+                                                    kept_kernels=self.kept_kernels(submission.root, self.shard))
         return self._runners[group]
 
     def fail_if_stub(self, check, submission, function: str):

@@ -36,8 +36,9 @@ def reference_runner(grading) -> SubmissionRunner:
     """A runner for the reference solution, timed next to the student's, with the environment
     the grading plugin gives the student's runner (Grading.runner_env): the same GPU, so the
     ratio compares two kernels on one device, and the same thread budget."""
-    return SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"), env=grading.runner_env(),
-                            import_timeout=grading.rubric.timeout("import"))
+    reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
+    return SubmissionRunner(reference, env=grading.runner_env(), import_timeout=grading.rubric.timeout("import"),
+                            kept_kernels=grading.kept_kernels(reference.root, "timing"))
 
 
 @pytest.mark.parametrize("slot", ["triton", "pytorch"])

@@ -1,0 +1,171 @@
+"""One runner's scratch folder: what it holds, who owns what, and how the runner is started there.
+
+The folder is a fresh temporary folder with no name of the submission in it (the system's temp
+folder is listable by all), mode 0711: others pass through it but cannot list it. Inside:
+
+- `trusted/`: a copy of just the modules the runner trusts (TRUSTED_MODULES: fa2_adapters/runner/
+  and fa2_adapters/wire/). The runner imports trusted modules from it (first on its PYTHONPATH),
+  never from the project root, so the reference solutions and the oracle are not on its path;
+  the oracle and the hidden rubric live only in the grader's process and are never written
+  where a runner can read them.
+- `submission/`: a private copy of the submission's directory, the runner's working directory.
+  Links are followed only while they stay inside the submission (a link to /etc/shadow or
+  ../../reports must not be copied as root into a folder the student's code can read); only the
+  bundled submissions (TRUSTED_SUBMISSIONS) may link outside their folder, into reference/.
+  Special files and what COPY_IGNORE names are skipped; every link not copied is noted.
+- `exchange/` (where replies' tensors travel: fa2_adapters.wire.tensors) and `home/` (its HOME,
+  TMPDIR and caches). Its Triton cache, `home/.triton/cache`, starts as a copy of the kernels
+  this submission's runners compiled before, where the caller keeps them (kernel_cache.py), and
+  goes back there when the folder is removed.
+
+The copy, `exchange/` and `home/` are mode 0700. Where the runner has a uid of its own, it owns
+them and the grader owns the scratch folder itself and `trusted/` (read-only to the runner), so
+the runner can change none of the code it trusts and no other runner can read its files; where
+it has none (sandbox mode "none", which its log says), it can read and write all of them.
+
+The sandbox spec (for fa2_adapters.harness.sandbox's launcher) sets hard limits: no core dumps,
+FILE_LIMIT bytes per file, the runner's memory limit as RLIMIT_DATA where the sandbox probe says
+it works, NPROC_LIMIT processes for a uid of its own; in a namespace, a root holding only system
+folders, Python and this scratch folder (the project, the submission's original and GRADER_HIDE
+hidden). Of the grader's environment the runner gets only the variables ENV_KEEP names (no
+tokens, no paths), besides its own folders.
+"""
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+
+import torch
+
+from fa2_adapters.harness import kernel_cache, sandbox
+from fa2_adapters.harness.discover import Submission
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wandb", "*.pt", "*.ckpt")
+# What the runner imports from the project: copied into its scratch folder, nothing else.
+# The runner side and the wire: exactly the code the runner trusts.
+TRUSTED_MODULES = ["fa2_adapters/__init__.py", "fa2_adapters/runner/*.py", "fa2_adapters/wire/*.py"]
+# The bundled reference submission links into reference/; only it may have links leaving its folder.
+TRUSTED_SUBMISSIONS = [PROJECT_ROOT / "submissions" / "reference", PROJECT_ROOT / "submissions" / "slow" / "tiles16"]
+ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
+            "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
+            "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
+FILE_LIMIT = int(float(os.environ.get("GRADER_FILE_LIMIT_GB", 2)) * (1 << 30))  # one file's size
+NPROC_LIMIT = 4096  # processes + threads of the runner's uid
+
+
+class ScratchFolder:
+    """One runner's scratch folder, made now (without the submission's copy) and kept until remove().
+    `uid` is the runner's own uid, or None where it runs as the grader's user; `kept_kernels`,
+    where this submission's compiled kernels are kept between runners (None: not kept)."""
+
+    def __init__(self, submission: Submission, uid: int | None, kept_kernels: Path | None = None):
+        self.submission = submission
+        self.uid = uid
+        self.path = Path(tempfile.mkdtemp(prefix="grade-"))  # no name: /tmp is listable by all
+        os.chmod(self.path, 0o711)
+        self.exchange = self.path / "exchange"
+        self.home = self.path / "home"
+        self.triton_cache = self.home / ".triton" / "cache"
+        for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache):
+            self._private_dir(folder)
+        self.kept_kernels = kept_kernels
+        if kept_kernels is not None:
+            kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
+        self.trusted = self._copy_trusted()
+        self.copy_notes = []  # links of the submission that were not copied
+
+    def _private_dir(self, path: Path) -> None:
+        path.mkdir(mode=0o700, parents=True, exist_ok=True)
+        if self.uid is not None:
+            os.chown(path, self.uid, self.uid)
+
+    def _copy_trusted(self) -> Path:
+        trusted = self.path / "trusted"
+        for pattern in TRUSTED_MODULES:
+            for source in PROJECT_ROOT.glob(pattern):
+                target = trusted / source.relative_to(PROJECT_ROOT)
+                target.parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+                shutil.copyfile(source, target)
+                os.chmod(target, 0o644)
+        os.chmod(trusted, 0o755)
+        return trusted
+
+    def copy_submission(self, log) -> Path:
+        """The private copy the runner owns, made on the first call; `log` gets each of its notes
+        (a link not copied) once, when the copy is made. Links are followed only while they stay
+        inside the submission; special files are skipped."""
+        copy = self.path / "submission"
+        if copy.exists():
+            return copy
+        root = Path(os.path.realpath(self.submission.root))
+        trusted = any(root == Path(os.path.realpath(t)) for t in TRUSTED_SUBMISSIONS)
+
+        def ignore(directory, names):
+            skipped = set(COPY_IGNORE(directory, names))
+            here = os.path.realpath(directory)
+            for name in set(names) - skipped:
+                path = os.path.join(directory, name)
+                target = os.path.realpath(path)
+                if os.path.islink(path):
+                    inside = sandbox._is_under(target, str(root))
+                    cycle = os.path.isdir(target) and sandbox._is_under(here, target)
+                    if not os.path.exists(target) or cycle or not (inside or trusted):
+                        skipped.add(name)
+                        self.copy_notes.append(f"{os.path.relpath(path, self.submission.root)} (a link "
+                                               f"leading outside the submission) was not copied")
+                        continue
+                if not (os.path.isdir(target) or os.path.isfile(target)):
+                    skipped.add(name)  # FIFOs, sockets, devices
+            return skipped
+
+        shutil.copytree(self.submission.root, copy, symlinks=False, ignore=ignore)
+        if self.uid is not None:
+            for folder, dirs, files in os.walk(copy):
+                for name in [folder] + [os.path.join(folder, n) for n in dirs + files]:
+                    os.lchown(name, self.uid, self.uid)
+        os.chmod(copy, 0o700)
+        for note in self.copy_notes:
+            log(note)
+        return copy
+
+    def sandbox_spec(self, isolation: dict, memory_limit: int) -> dict:
+        """What the sandbox launcher confines the runner with, given what `isolation` (the sandbox
+        probe's verdict for `memory_limit`) says works here."""
+        limits = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": FILE_LIMIT}
+        if memory_limit and isolation["data_limit"]:
+            limits["RLIMIT_DATA"] = memory_limit
+        spec = {"limits": limits, "uid": self.uid, "namespace": isolation["mode"] == "namespace",
+                "network": isolation["network"]}
+        if self.uid is not None:
+            limits["RLIMIT_NPROC"] = NPROC_LIMIT
+        if spec["namespace"]:  # the runner's root: system folders, Python, its scratch folder
+            hide = [str(PROJECT_ROOT), str(self.submission.root)]
+            hide += [p for p in os.environ.get("GRADER_HIDE", "").split(os.pathsep) if p]
+            spec.update(binds=sandbox.root_binds(hide), scratch=os.path.realpath(self.path))
+        return spec
+
+    def runner_env(self, isolation: dict, overrides: dict) -> dict:
+        """The runner's environment: what ENV_KEEP names, its own folders, then `overrides`."""
+        env = {k: v for k, v in os.environ.items() if k.startswith(ENV_KEEP)}  # no tokens, no paths
+        site_paths = [p for p in sys.path if p.endswith("site-packages") and "/.local/" in p]
+        env.update({"PYTHONPATH": os.pathsep.join([str(self.trusted)] + site_paths), "PYTHONUNBUFFERED": "1",
+                    "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(self.home), "TMPDIR": str(self.home / "tmp"),
+                    "USER": "grader", "LOGNAME": "grader", "XDG_CACHE_HOME": str(self.home / ".cache"),
+                    "TRITON_CACHE_DIR": str(self.triton_cache), "GRADER_RUNNER": "1"})
+        if self.kept_kernels is not None:  # autotuning results go into the kept cache too
+            env["TRITON_CACHE_AUTOTUNING"] = "1"
+        if isolation["network"]:
+            env["GLOO_SOCKET_IFNAME"] = "lo"
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        sharing = -(-workers // max(1, torch.cuda.device_count())) if torch.cuda.is_available() else 1
+        if sharing > 1:  # workers share a GPU (the plugin pins them round-robin): a fair share each
+            env["GRADER_GPU_MEMORY_FRACTION"] = f"{1 / sharing:.3f}"
+        env.update(overrides)
+        return env
+
+    def remove(self) -> None:
+        if self.kept_kernels is not None:
+            kernel_cache.take_back(self.triton_cache, self.kept_kernels)
+        shutil.rmtree(self.path, ignore_errors=True)

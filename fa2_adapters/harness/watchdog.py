@@ -1,0 +1,120 @@
+"""A running runner's output and memory, watched from the grader, and how a runner is killed.
+
+The runner's stdout and stderr go through a pipe into an OutputTail, a bounded in-memory tail
+(the last LOG_KEEP_BYTES and a count of the rest), so a submission that prints gigabytes costs
+neither disk nor memory.
+
+A Watchdog is one thread per runner process: it drains that pipe into the tail and, while the
+runner lives, adds up the memory of all its processes (every process of its uid, or of its
+process group without a uid of its own): 4 times a second during a call, every 5 s when idle.
+Over the runner's memory limit it kills the runner and says why in `killed_for`, which the
+harness reports as the call's failure.
+
+kill_runner kills the runner's whole process group and, with a uid of its own, every process of
+that uid, so setsid'd and double-forked children die too.
+"""
+import os
+import select
+import signal
+import threading
+import time
+
+from fa2_adapters.harness import sandbox
+
+LOG_KEEP_BYTES = 1 << 16  # what the runner's output tail holds in memory
+
+
+def gib(n: float) -> str:
+    return f"{n / (1 << 30):.1f} GiB"
+
+
+class OutputTail:
+    """The last LOG_KEEP_BYTES of a runner's stdout and stderr, and how much came in all."""
+
+    def __init__(self):
+        self.data = bytearray()
+        self.total = 0
+        self.lock = threading.Lock()
+
+    def write(self, chunk: bytes) -> None:
+        with self.lock:
+            self.total += len(chunk)
+            self.data += chunk
+            if len(self.data) > LOG_KEEP_BYTES:
+                del self.data[:len(self.data) - LOG_KEEP_BYTES]
+
+    def tail(self, limit: int) -> str:
+        with self.lock:
+            kept = bytes(self.data[-limit:])
+            dropped = self.total - len(kept)
+        text = kept.decode(errors="replace")
+        if dropped:
+            text = f"[... {dropped:,} earlier bytes of output not kept ...]\n" + text
+        return text
+
+
+def kill_runner(process, uid: int | None) -> None:
+    """SIGKILL the runner and anything it spawned, including what left its process group."""
+    try:
+        os.killpg(process.pid, signal.SIGKILL)  # the runner and anything it spawned
+    except (ProcessLookupError, PermissionError):
+        pass
+    if uid is not None:
+        sandbox.kill_uid(uid)  # and what left the group (setsid, double fork)
+
+
+class Watchdog:
+    """The thread that watches one runner process, from start() until stop(). It owns `log_fd`,
+    the read end of the runner's output pipe, and closes it when it ends."""
+
+    def __init__(self, process, log_fd: int, output: OutputTail, memory_limit: int, uid: int | None, name: str):
+        self.process = process
+        self.log_fd = log_fd
+        self.output = output
+        self.memory_limit = memory_limit  # bytes for all the runner's processes; 0: no limit
+        self.uid = uid
+        self.busy = False  # a call (or the import) is under way: memory is checked more often
+        self.killed_for = None  # why the watchdog killed the runner, if it did
+        self._stopping = threading.Event()
+        self._thread = threading.Thread(target=self._watch, daemon=True, name=name)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        """Once the runner is dead: drain what is left of its output, for a second at most, and end."""
+        self._stopping.set()
+        self._thread.join(timeout=2)
+
+    def _watch(self) -> None:
+        """Drain the runner's output into the tail; kill it if its processes outgrow the memory limit."""
+        last_check, stop_by = 0.0, None
+        try:
+            while stop_by is None or time.monotonic() < stop_by:
+                ready, _, _ = select.select([self.log_fd], [], [], 0.25)
+                if ready:
+                    chunk = os.read(self.log_fd, 1 << 16)
+                    if not chunk:
+                        break
+                    self.output.write(chunk)
+                if self._stopping.is_set():  # drain what is left, for a second at most
+                    if not ready:
+                        break
+                    stop_by = stop_by or time.monotonic() + 1.0
+                    continue
+                now = time.monotonic()  # memory: 4 times a second during a call, every 5 s when idle
+                due = now - last_check > (0.25 if self.busy else 5.0)
+                if self.memory_limit and due and self.process.poll() is None:
+                    last_check = now
+                    used = sandbox.rss_bytes(self._pids())
+                    if used > self.memory_limit:
+                        self.killed_for = (f"its processes held {gib(used)}, over the runner's limit of "
+                                           f"{gib(self.memory_limit)}")
+                        kill_runner(self.process, self.uid)
+        finally:
+            os.close(self.log_fd)
+
+    def _pids(self) -> list:
+        if self.uid is not None:
+            return sandbox.processes(uid=self.uid)
+        return sandbox.processes(pgid=self.process.pid)

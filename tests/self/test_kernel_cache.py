@@ -1,0 +1,54 @@
+"""The kept Triton cache (fa2_adapters/harness/kernel_cache.py): what comes back from a runner's
+scratch folder, and what never does."""
+import os
+
+from fa2_adapters.harness import kernel_cache
+from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.harness.scratch import PROJECT_ROOT, ScratchFolder
+
+REFERENCE = PROJECT_ROOT / "submissions" / "reference"
+
+
+def test_kernels_survive_the_scratch_folder(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    submission = load_submission(REFERENCE)
+    kept = kernel_cache.kept_cache(submission.root, "triton-bf16-full-d64")
+    first = ScratchFolder(submission, uid=None, kept_kernels=kept)
+    assert first.runner_env({"network": False}, {})["TRITON_CACHE_AUTOTUNING"] == "1"
+    entry = first.triton_cache / "abc123" / "_attn_fwd.cubin"
+    entry.parent.mkdir(parents=True)
+    entry.write_bytes(b"\x7fELF kernel")
+    first.remove()
+    assert not first.path.exists()
+    assert (kept / "abc123" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
+
+    second = ScratchFolder(submission, uid=None, kept_kernels=kept)
+    assert (second.triton_cache / "abc123" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
+    second.remove()
+
+
+def test_shards_and_submissions_keep_apart(tmp_path, monkeypatch):
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path))
+    a, b = tmp_path / "alice", tmp_path / "bob"
+    keys = {kernel_cache.kept_cache(a, "timing"), kernel_cache.kept_cache(b, "timing"),
+            kernel_cache.kept_cache(a, "ddp-ddp")}
+    assert len(keys) == 3 and all(k.is_relative_to(tmp_path / "triton") for k in keys)
+
+
+def test_only_plain_files_come_back(tmp_path):
+    cache, kept = tmp_path / "cache", tmp_path / "kept"
+    secret = tmp_path / "secret.txt"
+    secret.write_text("another student's file")
+    (cache / "k").mkdir(parents=True)
+    (cache / "k" / "kernel.json").write_text("{}")
+    os.symlink(secret, cache / "k" / "link.json")  # a link to a file the runner could not read
+    os.link(secret, cache / "k" / "hard.json")  # a hard link to one
+    os.symlink(tmp_path, cache / "dirlink")  # a link to a folder
+    os.mkfifo(cache / "k" / "fifo")
+    (cache / "k" / "huge.bin").write_bytes(b"\0" * 16)
+
+    copied = kernel_cache.take_back(cache, kept)
+    assert sorted(p.relative_to(kept).as_posix() for p in kept.rglob("*") if p.is_file()) == \
+        ["k/huge.bin", "k/kernel.json"]
+    assert copied == 2
+    assert kernel_cache.take_back(cache, kept) == 0  # the same entries: nothing to copy again

@@ -1,0 +1,49 @@
+"""A runner never outlives the grader that started it (the sandbox launcher's PR_SET_PDEATHSIG).
+
+A pytest worker killed mid-call (Ctrl-C twice, the OOM killer, a CI timeout) cannot kill its
+runner itself; a submission stuck in `while True` would then spin on a core for ever."""
+import os
+import subprocess
+import sys
+import time
+
+from fa2_adapters.harness.scratch import PROJECT_ROOT
+
+HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
+GRADER = """
+import os, sys, threading, time
+from fa2_adapters.harness.client import SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.wire.cases import FlashCase
+
+from pathlib import Path
+runner = SubmissionRunner(load_submission(Path(sys.argv[1])), env={"TRITON_INTERPRET": "1"})
+request = {"op": "flash", "slot": "pytorch", "case": FlashCase(batch=(1,), n_queries=16, n_keys=16,
+           head_dim=16).to_json(), "seed": 1, "device": "cpu"}
+threading.Thread(target=runner.call, args=(request, 600), daemon=True).start()
+while not runner.phases.get("forward"):  # the runner is inside the student's endless loop
+    time.sleep(0.1)
+print(runner.process.pid, flush=True)
+os._exit(0)  # the grader dies without cleaning up
+"""
+
+
+def alive(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/status") as status:
+            return not any(line.startswith("State:") and "Z" in line for line in status)
+    except FileNotFoundError:
+        return False
+
+
+def test_runner_dies_with_its_grader():
+    grader = subprocess.run([sys.executable, "-c", GRADER, str(HANG)], cwd=PROJECT_ROOT, capture_output=True,
+                            text=True, timeout=300)
+    assert grader.returncode == 0, grader.stderr[-2000:]
+    pid = int(grader.stdout.split()[-1])
+    deadline = time.monotonic() + 20
+    while alive(pid) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    if alive(pid):
+        os.kill(pid, 9)
+        raise AssertionError(f"the runner {pid} was still running 20 s after its grader died")
