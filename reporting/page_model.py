@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .record import CheckRecord
+from .record import CheckRecord, as_dict, as_number, as_text
 
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
@@ -164,28 +164,13 @@ class SubmissionReport:
         return self.score / self.max_score if self.max_score else None
 
 
-def _dict(value):
-    return value if isinstance(value, dict) else {}
-
-
-def _num(value, default=0.0):
-    try:
-        return float(value)
-    except (TypeError, ValueError):
-        return default
-
-
-def _text(value):
-    return "" if value is None else str(value)
-
-
 def _notes(value) -> list:
     """extra_data.notes: a list of sentences (a lone string is taken as one)."""
     if isinstance(value, str):
         value = [value]
     if not isinstance(value, list):
         return []
-    return [_text(n).strip() for n in value if _text(n).strip()]
+    return [as_text(n).strip() for n in value if as_text(n).strip()]
 
 
 def _count(value):
@@ -201,11 +186,11 @@ def _ungraded(value, checks) -> list:
             entry = {"name": entry}
         if not isinstance(entry, dict):
             continue
-        name = _text(entry.get("name")) or None
-        nodeid = _text(entry.get("nodeid")) or None
+        name = as_text(entry.get("name")) or None
+        nodeid = as_text(entry.get("nodeid")) or None
         if name or nodeid:
             found.append({"name": name, "nodeid": nodeid,
-                          "reason": _text(entry.get("reason")) or "not graded"})
+                          "reason": as_text(entry.get("reason")) or "not graded"})
     named = {u["name"] for u in found}
     found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed"}
               for c in checks if c.state == "ungraded" and c.name not in named]
@@ -223,17 +208,17 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
     keys += [key for key in dict.fromkeys(c.part for c in checks) if key not in declared]
     parts = []
     for key in keys:
-        info = _dict(declared.get(key))
-        label = _text(info.get("label")) or key
+        info = as_dict(declared.get(key))
+        label = as_text(info.get("label")) or key
         mine = [c for c in checks if c.part == key]
         advice = [c for c in mine if c.advice]
         if from_checks or not info:
             part = Part(key, label, sum(c.score for c in mine), sum(c.max_score for c in mine))
         else:
-            part = Part(key, label, _num(info.get("score")), _num(info.get("max_score")))
+            part = Part(key, label, as_number(info.get("score")), as_number(info.get("max_score")))
         if not from_checks and "advice_max_score" in info:
-            part.advice_score = _num(info.get("advice_score"))
-            part.advice_max_score = _num(info.get("advice_max_score"))
+            part.advice_score = as_number(info.get("advice_score"))
+            part.advice_max_score = as_number(info.get("advice_max_score"))
         elif advice:
             part.advice_score = sum(c.score for c in advice)
             part.advice_max_score = sum(c.max_score for c in advice)
@@ -254,9 +239,9 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
                                 ungradable=f"results.json could not be read: {exc}", runner_log="",
                                 output="", execution_time=None, checks=[], student_view=student_view,
                                 incomplete=True)
-    extra = _dict(data.get("extra_data"))
-    default_visibility = _text(data.get("visibility")) or "visible"
-    submission = _text(extra.get("submission")) or name
+    extra = as_dict(data.get("extra_data"))
+    default_visibility = as_text(data.get("visibility")) or "visible"
+    submission = as_text(extra.get("submission")) or name
     checks = [CheckRecord.from_gradescope(t, submission, default_visibility)
               for t in data.get("tests") or [] if isinstance(t, dict)]
     hidden_count = 0
@@ -264,13 +249,13 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         visible = [c for c in checks if c.visibility not in HIDDEN_VISIBILITY]
         hidden_count = len(checks) - len(visible)
         checks = visible
-    parts = _parts(_dict(extra.get("parts")), checks, from_checks=student_view)
+    parts = _parts(as_dict(extra.get("parts")), checks, from_checks=student_view)
     if student_view:
         score = sum(c.score for c in checks)
         max_score = sum(c.max_score for c in checks)
     else:
-        score = _num(data.get("score"), sum(c.score for c in checks))
-        max_score = _num(data.get("max_score"), sum(p.max_score for p in parts))
+        score = as_number(data.get("score"), sum(c.score for c in checks))
+        max_score = as_number(data.get("max_score"), sum(p.max_score for p in parts))
     execution_time = data.get("execution_time")
     ungraded = _ungraded(extra.get("ungraded"), checks)
     hidden_ungraded = 0
@@ -281,16 +266,16 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
     incomplete = extra.get("incomplete") is True or bool(ungraded) or bool(hidden_ungraded)
     return SubmissionReport(
         name=name,
-        student=_text(extra.get("student")) or None,
+        student=as_text(extra.get("student")) or None,
         score=score, max_score=max_score, parts=parts,
-        environment={k: _dict(extra.get("environment")).get(k) for k in ENVIRONMENT_KEYS},
+        environment={k: as_dict(extra.get("environment")).get(k) for k in ENVIRONMENT_KEYS},
         seed=extra.get("seed"),
-        ungradable=_text(extra.get("ungradable")) or None,
-        runner_log=_text(extra.get("runner_log_tail")),
-        output=_text(data.get("output")),
-        execution_time=_num(execution_time, None) if execution_time is not None else None,
+        ungradable=as_text(extra.get("ungradable")) or None,
+        runner_log=as_text(extra.get("runner_log_tail")),
+        output=as_text(data.get("output")),
+        execution_time=as_number(execution_time, None) if execution_time is not None else None,
         checks=checks, student_view=student_view, hidden_count=hidden_count,
-        stdout_visible=_text(data.get("stdout_visibility")) == "visible",
+        stdout_visible=as_text(data.get("stdout_visibility")) == "visible",
         notes=_notes(extra.get("notes")),
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),

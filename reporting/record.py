@@ -153,44 +153,44 @@ class CheckRecord:
 
         submission: the submission the file is about, used when the test's name does not say.
         """
-        extra = _dict(test.get("extra_data"))
-        name = _text(test.get("name")) or "(unnamed check)"
+        extra = as_dict(test.get("extra_data"))
+        name = as_text(test.get("name")) or "(unnamed check)"
         parsed = _NAME.match(name)
         from_name = parsed.groupdict() if parsed else {}
-        status = _text(test.get("status"))
-        outcome = _text(extra.get("outcome")) or status or "failed"
-        output = _text(test.get("output")).strip("\n")
-        diagnosis = _text(extra.get("diagnosis"))
+        status = as_text(test.get("status"))
+        outcome = as_text(extra.get("outcome")) or status or "failed"
+        output = as_text(test.get("output")).strip("\n")
+        diagnosis = as_text(extra.get("diagnosis"))
         if not diagnosis and outcome != "passed":  # an older file: the output's first line says it
             diagnosis = output.partition("\n")[0]
         if outcome == GRADER_ERROR:  # the output is the sentence; the record's output, the traceback
-            output = _text(extra.get("grader_output")).strip("\n") or output
-        tags = [_text(t) for t in test["tags"]] if isinstance(test.get("tags"), list) else []
-        source = _text(extra.get("source")).strip()
+            output = as_text(extra.get("grader_output")).strip("\n") or output
+        tags = [as_text(t) for t in test["tags"]] if isinstance(test.get("tags"), list) else []
+        source = as_text(extra.get("source")).strip()
         advice = extra.get("advice")
         if not isinstance(advice, bool):  # not said: the rule the grader uses, or its tag
             advice = source.lower().startswith(ADVICE_PREFIX) or "advice" in tags
         heatmap = extra.get("heatmap")
-        precision = _text(extra.get("precision")).strip().lower()
+        precision = as_text(extra.get("precision")).strip().lower()
         return cls(
             submission=from_name.get("submission") or submission,
-            part=_text(extra.get("part")) or from_name.get("part") or "other",
-            check=_text(extra.get("check")) or from_name.get("check") or name,
-            case=_text(extra.get("case")) or from_name.get("case") or "",
-            case_fields=_dict(extra.get("case_fields")),
-            tier=_text(extra.get("tier")),
+            part=as_text(extra.get("part")) or from_name.get("part") or "other",
+            check=as_text(extra.get("check")) or from_name.get("check") or name,
+            case=as_text(extra.get("case")) or from_name.get("case") or "",
+            case_fields=as_dict(extra.get("case_fields")),
+            tier=as_text(extra.get("tier")),
             source=source, advice=advice, outcome=outcome, diagnosis=diagnosis, output=output,
-            seconds=_num(extra.get("seconds")),
-            verdicts={_text(k): _dict(v) for k, v in extra["verdicts"].items()}
+            seconds=as_number(extra.get("seconds")),
+            verdicts={as_text(k): as_dict(v) for k, v in extra["verdicts"].items()}
             if isinstance(extra.get("verdicts"), dict) else None,
             heatmap=heatmap if isinstance(heatmap, (dict, list)) else None,
-            timing=_dict(extra.get("timing")) or None,
-            memory=_dict(extra.get("memory")) or None,
+            timing=as_dict(extra.get("timing")) or None,
+            memory=as_dict(extra.get("memory")) or None,
             precision=precision or None,
-            attempts=[_text(a) for a in extra["attempts"]] if isinstance(extra.get("attempts"), list) else None,
-            retried_after=_text(extra.get("retried_after")) or None,
-            score=_num(test.get("score")), max_score=_num(test.get("max_score")),
-            visibility=_text(test.get("visibility")) or default_visibility,
+            attempts=[as_text(a) for a in extra["attempts"]] if isinstance(extra.get("attempts"), list) else None,
+            retried_after=as_text(extra.get("retried_after")) or None,
+            score=as_number(test.get("score")), max_score=as_number(test.get("max_score")),
+            visibility=as_text(test.get("visibility")) or default_visibility,
         )
 
     # -- what the pages show ----------------------------------------------------------------
@@ -212,7 +212,7 @@ class CheckRecord:
     @property
     def verdict_rows(self) -> list:
         """[{"tensor": "dq", "ok": ..., "max_err": ..., ...}], every VERDICT_KEYS key present."""
-        return [{"tensor": tensor, **{k: _dict(v).get(k) for k in VERDICT_KEYS}}
+        return [{"tensor": tensor, **{k: as_dict(v).get(k) for k in VERDICT_KEYS}}
                 for tensor, v in (self.verdicts or {}).items()]
 
     @property
@@ -227,7 +227,7 @@ class CheckRecord:
 
     def bound_for(self, tensor):
         """The verdict's max_bound for `tensor`, which splits that tensor's heatmap colours."""
-        return _dict((self.verdicts or {}).get(tensor)).get("max_bound")
+        return as_dict((self.verdicts or {}).get(tensor)).get("max_bound")
 
     @property
     def evidence_key(self) -> str:
@@ -244,16 +244,17 @@ class CheckRecord:
 _SETTABLE = {"outcome", "diagnosis", "output", "seconds", *EVIDENCE}
 
 
-def _dict(value):
+# Readers of untrusted JSON values (results.json): a wrong type gives the default, never an error.
+def as_dict(value):
     return value if isinstance(value, dict) else {}
 
 
-def _num(value, default=0.0):
+def as_number(value, default=0.0):
     try:
         return float(value)
     except (TypeError, ValueError):
         return default
 
 
-def _text(value):
+def as_text(value):
     return "" if value is None else str(value)
