@@ -19,18 +19,24 @@ class Durations:
         self.count = defaultdict(int)
         self.by_submission = defaultdict(float)
         self._kind_of_test = {}  # nodeid -> kind, learned from the check record on the call report
+        self._setup = defaultdict(float)  # nodeid -> setup seconds, until its record names the kind
 
     def add(self, submission: str, nodeid: str, seconds: float, record: dict | None) -> None:
+        self.by_submission[submission] += seconds
         if record is not None:
             kind = self._kind_of_test[nodeid] = kind_of(record)
             self.count[kind] += 1
-        else:
-            kind = self._kind_of_test.get(nodeid, "(setup and teardown)")
-        self.by_kind[kind] += seconds
-        self.by_submission[submission] += seconds
+            self.by_kind[kind] += seconds + self._setup.pop(nodeid, 0.0)
+        elif nodeid in self._kind_of_test:  # teardown
+            self.by_kind[self._kind_of_test[nodeid]] += seconds
+        else:  # setup comes before the call that names the kind
+            self._setup[nodeid] += seconds
 
     def lines(self, top: int = 10) -> list:
         """The slowest check kinds and submissions, one line each."""
+        if left := sum(self._setup.values()):  # tests that never recorded a check
+            self.by_kind["(tests without a check record)"] += left
+            self._setup.clear()
         if not self.by_kind:
             return []
         lines = [f"time by check kind (the {min(top, len(self.by_kind))} slowest of {len(self.by_kind)}):"]

@@ -18,7 +18,6 @@ student's code does wrong reaches the tests as a runner Reply and fails through 
 """
 import os
 import platform
-import sys
 import time
 import traceback
 from collections import Counter
@@ -274,7 +273,7 @@ class GradingPlugin:
                 **({"runner_log_tail": old["runner_log_tail"]} if old.get("runner_log_tail") else {})}
             record_store.write_info(self.state.reports, s.name, self.info[s.name])
         names = ", ".join(s.name for s in self.state.submissions) or "none"
-        print(f"\ngrading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
+        self._say(f"grading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
 
     def pytest_generate_tests(self, metafunc):
         if "submission" in metafunc.fixturenames:
@@ -402,7 +401,7 @@ class GradingPlugin:
             self.durations.add(name, report.nodeid, report.duration, sent.get("grading_check"))
         if (sent_record := sent.get("grading_check")) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
-                print(f"\n{report.nodeid}: failed without a result (worker crash?)", file=sys.stderr)
+                self._say(f"{report.nodeid}: failed without a result (worker crash?)")
             return
         record = CheckRecord.from_json(sent_record)
         record_store.write_check(self.state.reports, record)
@@ -464,9 +463,17 @@ class GradingPlugin:
         if self.pending[name] == 0:
             done = sum(1 for v in self.pending.values() if v <= 0)
             graded = self._assemble(name)
-            print(f"\n[{done} of {len(self.pending)} submissions done] {name}: "
-                  f"{graded['score']:g} / {graded['max_score']:g}"
-                  + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""), flush=True)
+            self._say(f"[{done} of {len(self.pending)} submissions done] {name}: "
+                      f"{graded['score']:g} / {graded['max_score']:g}"
+                      + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""))
+
+    def _say(self, line: str) -> None:
+        """A progress line through pytest's terminal reporter, on a line of its own."""
+        reporter = self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:  # -p no:terminal
+            print(line, flush=True)
+            return
+        reporter.write_line("\n" + line)  # the dots of -q, xdist's among them, do not end their line
 
     # -- the end ---------------------------------------------------------------------------
     def pytest_sessionfinish(self, session):

@@ -1,0 +1,17 @@
+"""The time summary every grading run ends with (tests/grading/durations.py)."""
+from tests.grading.durations import Durations
+
+
+def test_setup_and_teardown_count_for_the_check_they_belong_to():
+    durations = Durations()
+    record = {"part": "flash_triton", "check": "forward", "tier": "handout"}
+    durations.add("alice", "t[a]", 2.0, None)  # setup: the kind is not known yet
+    durations.add("alice", "t[a]", 5.0, record)  # the call, with its record
+    durations.add("alice", "t[a]", 1.0, None)  # teardown
+    durations.add("bob", "t[b]", 0.5, {"part": "ddp", "check": "equivalence", "tier": "default"})
+    durations.add("bob", "t[crashed]", 0.25, None)  # a test that never recorded a check
+    lines = durations.lines()
+    assert lines[1].split() == ["8.0", "s", "1", "check", "flash_triton::forward[handout]"]
+    assert any(line.split()[-1] == "ddp::equivalence" for line in lines)
+    assert any("(tests without a check record)" in line for line in lines)
+    assert lines[lines.index("time by submission (the 2 slowest of 2):") + 1].split() == ["8.0", "s", "alice"]

@@ -1,0 +1,52 @@
+"""Which runner of its submission a grading test uses on a GPU (tests/grading/shards.py)."""
+from types import SimpleNamespace
+
+from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase
+from tests.grading import shards
+
+
+def item(module: str, name: str, **params):
+    return SimpleNamespace(module=SimpleNamespace(__name__=f"tests.grading.{module}"), originalname=name,
+                           callspec=SimpleNamespace(params={"submission": "alice", **params}))
+
+
+CASE = FlashCase(batch=(2,), n_queries=113, n_keys=203, head_dim=64, dtype="bfloat16", is_causal=True)
+
+
+def test_triton_cases_split_by_what_triton_compiles_for():
+    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), set()) \
+        == "triton-bf16-causal-d64"
+    # forward and backward of one case share a shard, so they share the runner call
+    assert shards.shard_of(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), set()) \
+        == "triton-bf16-causal-d64"
+    fp32 = FlashCase(head_dim=16)
+    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="course", case=fp32), set()) \
+        == "triton-fp32-full-d16"
+
+
+def test_a_stubbed_triton_slot_stays_one_shard():
+    stub = {FLASH_SLOTS["triton"]}
+    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
+        == "triton"
+
+
+def test_other_parts():
+    assert shards.shard_of(item("test_flash", "test_forward", slot="pytorch", tier="handout", case=CASE), set()) \
+        == "pytorch"
+    assert shards.shard_of(item("test_flash", "test_runs_on_cuda"), set()) == "pytorch"
+    assert shards.shard_of(item("test_flash", "test_hygiene", slot="triton"), set()) == "triton"
+    assert shards.shard_of(item("test_distributed", "test_ddp_equivalence", flavour="bucketed",
+                                model_name="toy"), set()) == "ddp-bucketed"
+    assert shards.shard_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) == "sharded"
+    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "fsdp"
+    assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
+    assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
+        == "memory-pytorch"
+
+
+def test_group_names_give_back_their_submission():
+    for name in ("alice", "s1", "s10", "bob.smith"):
+        for shard in ("", "triton-bf16-causal-d64", "ddp-ddp"):
+            group = shards.group_name(name, shard)
+            assert "@" not in group  # xdist splits group names at "@"
+            assert shards.submission_of_group(group) == name
