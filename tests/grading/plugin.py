@@ -120,7 +120,7 @@ class Grading:
         self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
         self._current = group
 
-    def runner_env(self) -> dict:
+    def worker_env(self) -> dict:
         """What a runner of this worker gets besides the harness's own environment: the Triton
         interpreter without a GPU, this worker's GPU on a host of several, its share of the cores."""
         env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
@@ -139,7 +139,7 @@ class Grading:
         self._switch_to(submission.name)
         group = (submission.name, self.shard)
         if group not in self._runners:
-            self._runners[group] = SubmissionRunner(submission, env=self.runner_env(),
+            self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
                                                     kept_kernels=self.kept_kernels(submission.root, self.shard))
         return self._runners[group]

@@ -34,10 +34,10 @@ def median_ms(runner, request, timeout, budget):
 
 def reference_runner(grading) -> SubmissionRunner:
     """A runner for the reference solution, timed next to the student's, with the environment
-    the grading plugin gives the student's runner (Grading.runner_env): the same GPU, so the
+    the grading plugin gives the student's runner (Grading.worker_env): the same GPU, so the
     ratio compares two kernels on one device, and the same thread budget."""
     reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
-    return SubmissionRunner(reference, env=grading.runner_env(), import_timeout=grading.rubric.timeout("import"),
+    return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
                             kept_kernels=grading.kept_kernels(reference.root, "timing"))
 
 
