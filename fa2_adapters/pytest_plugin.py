@@ -6,15 +6,13 @@ a test path. It is the only place options are added. Its shape is pytest-xdist's
 configure here, the session's hooks in their own class (tests/grading/plugin.py GradingPlugin),
 registered only when there is something to grade, its state in `config.stash`.
 """
-DEFAULT_SEED = 20260
-
-
 def pytest_addoption(parser):
     group = parser.getgroup("grading")
     group.addoption("--impl", action="append", default=[], metavar="PATH",
                     help="submission directory or glob to grade (repeatable), e.g. 'submissions/*'")
-    group.addoption("--seed", type=int, default=DEFAULT_SEED,
-                    help=f"base seed for every input (default {DEFAULT_SEED}); use a private one for hidden runs")
+    group.addoption("--seed", type=int, default=None,
+                    help="base seed for every input (default: a secret one, drawn when the reports folder is new "
+                         "and kept in DIR/.seed, so a regrade repeats it)")
     group.addoption("--rubric", default=None, metavar="FILE", help="rubric YAML (default tests/grading/rubric.yaml)")
     group.addoption("--reports", default="reports", metavar="DIR", help="where results and pages go")
     group.addoption("--student-view", action="store_true", help="leave hidden checks out of the pages")

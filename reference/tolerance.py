@@ -6,8 +6,14 @@ error of plain PyTorch attention run in the same dtype (FlashAttention's own tes
     max|x - oracle|  <= factor * max|plain - oracle|  + atol(dtype)
     mean|x - oracle| <= factor * mean|plain - oracle| + atol(dtype) / 8
 
-factor is 2 for outputs and L, 3 for gradients. The atol of a few ulps keeps the rule sane
-when the baseline is (almost) exact. NaN or Inf anywhere fails.
+factor is 2 for outputs and L, 3 for gradients. NaN or Inf anywhere fails. The atol keeps the
+rule sane when the baseline is (almost) exact: a few ulps of an attention output (|o| < 1), and
+for the max never less than twice the error of the oracle itself rounded to the dtype, since no
+answer stored in that dtype can be closer than that. FlashAttention's tests add the same floor
+(`dq_atol = 2 * ((dq_ref + 0.3 - 0.3) - dq_ref).abs().max()`). It matters for bf16 gradients,
+whose values reach 2 and more where a bf16 ulp is 2^-6: on an H100 the handout's own backward
+(plain PyTorch under torch.compile) gave dq 8% over the bound without it (bf16, N=1024, causal;
+notes/corpus-class.md), with a mean error half its bound.
 
 The fp32 policy for Triton kernels (TF32)
 -----------------------------------------
@@ -76,7 +82,8 @@ def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: tor
     oracle = oracle.double().cpu()
     actual = actual.detach().double().cpu()
     baseline_err = (baseline.detach().double().cpu() - oracle).abs()
-    max_bound = factor * baseline_err.max().item() + atol
+    rounding = (oracle.to(dtype).double() - oracle).abs().max().item() if oracle.numel() else 0.0
+    max_bound = factor * baseline_err.max().item() + max(atol, 2 * rounding)
     mean_bound = factor * baseline_err.mean().item() + atol / 8
     if actual.shape != oracle.shape:
         return Verdict(False, f"{name} has shape {tuple(actual.shape)}, expected {tuple(oracle.shape)}.",

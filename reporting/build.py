@@ -1,4 +1,4 @@
-"""Build the HTML reports and grades.csv from reports/*/results.json.
+"""Build the HTML reports, grades.csv and gradescope_scores.csv from reports/*/results.json.
 
     python -m reporting --reports reports [--student-view]
 
@@ -53,12 +53,28 @@ def _write(path: Path, text: str, written: list):
     written.append(path)
 
 
+def _cell(text) -> str:
+    """Student-given text for a spreadsheet cell: one that starts like a formula (=, +, -, @) is
+    quoted with a leading ' so that opening the CSV never runs it."""
+    text = "" if text is None else str(text)
+    return "'" + text if text[:1] in ("=", "+", "-", "@", "\t", "\r") else text
+
+
+def _identity(sub) -> list:
+    """[student, student_id, email] for one row: a group's members joined with ", "."""
+    return [_cell(", ".join(s[key] for s in sub.students if s[key])) for key in ("name", "sid", "email")]
+
+
 def grades_csv(submissions) -> str:
-    """One row per submission: the part scores, total, max and seed as before, then, for each
-    part that has advice anywhere in the class, <part>_requirements and <part>_advice (blank
-    where a results.json does not say), then the submission's notes, then `complete`: "no" where
-    the total is not final (a check the grader itself failed on, or one never run; regrade), and
-    then that total reads "<points> (incomplete)", so it cannot pass for a grade."""
+    """One row per submission: name, student, student_id and email (a group's joined with ", "),
+    then <part> and <part>_max for each part (both blank where the part was not graded on the
+    machine that graded it, or the submission has no such part: unknown, not 0), total, max and
+    seed, then, for each part that has advice anywhere in the class, <part>_requirements and
+    <part>_advice (blank where a results.json does not say), then the submission's notes, then
+    `complete`: "no" where the total is not final (a check the grader itself failed on, or one
+    never run; regrade), and then that total reads "<points> (incomplete)", so it cannot pass
+    for a grade; "provisional" where checks that need a GPU were not graded on this machine
+    (they count 0), and then the total reads "<points> (provisional)"."""
     part_keys = []
     for sub in submissions:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
@@ -66,11 +82,16 @@ def grades_csv(submissions) -> str:
                    if any(p.key == k and p.advice_max_score is not None for sub in submissions for p in sub.parts)]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["name", "student", *part_keys, "total", "max", "seed",
+    writer.writerow(["name", "student", "student_id", "email", *(c for k in part_keys for c in (k, f"{k}_max")),
+                     "total", "max", "seed",
                      *(f"{k}_{kind}" for k in advice_keys for kind in ("requirements", "advice")), "notes",
                      "complete"])
     for sub in submissions:
-        parts = {p.key: p for p in sub.parts}
+        parts = {p.key: p for p in sub.parts if p.graded}
+        scores = []
+        for key in part_keys:
+            part = parts.get(key)
+            scores += ["", ""] if part is None else [_points(part.score), _points(part.max_score)]
         split = []
         for key in advice_keys:
             part = parts.get(key)
@@ -78,16 +99,62 @@ def grades_csv(submissions) -> str:
                 split += ["", ""]
             else:
                 split += [_points(part.requirement_score), _points(part.advice_score)]
-        writer.writerow([sub.name, sub.student or "",
-                         *(_points(parts[k].score) if k in parts else "" for k in part_keys),
-                         _points(sub.score) + (" (incomplete)" if sub.incomplete else ""), _points(sub.max_score),
-                         "" if sub.seed is None else sub.seed,
-                         *split, " ".join(sub.notes), "no" if sub.incomplete else "yes"])
+        writer.writerow([sub.name, *_identity(sub), *scores,
+                         _points(sub.score) + (" (incomplete)" if sub.incomplete else
+                                               " (provisional)" if sub.provisional else ""), _points(sub.max_score),
+                         "" if sub.seed is None else sub.seed, *split, " ".join(sub.notes),
+                         "no" if sub.incomplete else "provisional" if sub.provisional else "yes"])
     return out.getvalue()
 
 
+# Gradescope's score upload matches a row to its roster by Email or SID. The columns are those of
+# Gradescope's roster and score exports ("Name", "SID", "Email", "Total Score"): see the roster
+# guide https://help.gradescope.com/article/w59nl02vyt-instructor-course-add-members (Name and
+# Email columns) and the score export's "SID" and "Total Score" columns as read by
+# https://gist.github.com/havron/554d0ffaec20a466a7f8ecca4d76c5da.
+GRADESCOPE_COLUMNS = ["Name", "SID", "Email", "Total Score"]
+
+
+def gradescope_csv(submissions) -> tuple[str, list]:
+    """gradescope_scores.csv: one row per student (a group's members each get the group's total),
+    and the warnings to print: rows Gradescope cannot match (no email and no SID), totals left
+    blank because they are not final (incomplete, or provisional: checks not graded on this
+    machine count 0), and students who appear in more than one submission."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(GRADESCOPE_COLUMNS)
+    unmatched, not_final, seen = [], [], {}
+    for sub in submissions:
+        final = not (sub.incomplete or sub.provisional)
+        if not final:
+            not_final.append(sub.name)
+        members = sub.students or [{"name": None, "sid": None, "email": None}]
+        if any(not (m["sid"] or m["email"]) for m in members):
+            unmatched.append(sub.name)
+        for m in members:
+            writer.writerow([_cell(m["name"] or sub.student or sub.name), _cell(m["sid"]), _cell(m["email"]),
+                             _points(sub.score) if final else ""])
+            for key in (m["sid"], m["email"] and m["email"].lower()):
+                if key:
+                    seen.setdefault(key, []).append(sub.name)
+    warnings = []
+    if unmatched:
+        warnings.append(f"gradescope_scores.csv: no email or SID for {', '.join(unmatched)}: Gradescope cannot "
+                        "match these rows to its roster (give them in submission.yaml, or grade with Gradescope's "
+                        "submission_metadata).")
+    if not_final:
+        warnings.append(f"gradescope_scores.csv: total left blank for {', '.join(not_final)}: not final "
+                        "(incomplete, or provisional); regrade before uploading.")
+    for key, names in sorted(seen.items()):
+        if len(set(names)) > 1:
+            warnings.append(f"gradescope_scores.csv: {key} is in {len(set(names))} submissions "
+                            f"({', '.join(sorted(set(names)))}): keep the row of the one that counts.")
+    return out.getvalue(), warnings
+
+
 def build_reports(reports_dir: Path, student_view: bool = False) -> list:
-    """Write <name>/index.html for each results.json, then index.html and grades.csv.
+    """Write <name>/index.html for each results.json, then index.html, grades.csv and
+    gradescope_scores.csv (warning on stderr about rows not ready to upload).
 
     The class page and grades.csv are staff documents and always use every check; the student
     view only changes the per-submission pages.
@@ -111,6 +178,10 @@ def build_reports(reports_dir: Path, student_view: bool = False) -> list:
     )
     _write(reports_dir / "index.html", class_page, written)
     _write(reports_dir / "grades.csv", grades_csv(everyone), written)
+    scores, warnings = gradescope_csv(everyone)
+    _write(reports_dir / "gradescope_scores.csv", scores, written)
+    for line in warnings:
+        print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
 
 
@@ -139,9 +210,9 @@ def main(argv=None) -> int:
         print(f"build-reports: {args.reports} is not a folder", file=sys.stderr)
         return 2
     written = build_reports(args.reports, student_view=args.student_view)
-    pages = len(written) - 2
+    pages = len(written) - 3
     if pages == 0:
         print(f"build-reports: no {args.reports}/*/results.json found", file=sys.stderr)
     print(f"build-reports: {pages} submission page(s), {args.reports / 'index.html'}, "
-          f"{args.reports / 'grades.csv'}")
+          f"{args.reports / 'grades.csv'}, {args.reports / 'gradescope_scores.csv'}")
     return 0

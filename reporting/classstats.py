@@ -111,7 +111,7 @@ def _rates(submissions, keys_of) -> list:
         if sub.ungradable:
             continue
         for check in sub.checks:
-            if check.state in ("skipped", "ungraded"):
+            if check.state in ("skipped", "ungraded", "not_here"):
                 continue
             for key in keys_of(sub, check):
                 ran.setdefault(key, set()).add(sub.name)

@@ -29,6 +29,9 @@ class Part:
     # The advice share of score / max_score; None when results.json does not say (older files).
     advice_score: float | None = None
     advice_max_score: float | None = None
+    # False when none of the part's checks could be graded on the machine that graded it (they
+    # need a GPU): its score is not 0 but unknown, and grades.csv leaves it blank.
+    graded: bool = True
 
     @property
     def fraction(self):
@@ -73,6 +76,11 @@ class SubmissionReport:
     hidden_ungraded: int = 0  # ungraded checks left out of the student view
     checks_graded: int | None = None
     checks_expected: int | None = None
+    # Provisional: some checks need a GPU and were not graded on this machine; they count 0 for now.
+    provisional: bool = False
+    student_id: str | None = None  # a group's joined with ", ", like `student`
+    email: str | None = None
+    students: list = field(default_factory=list)  # [{"name", "sid", "email"}] (None where unknown), one a member
 
     @property
     def incomplete_reason(self):
@@ -173,6 +181,22 @@ def _notes(value) -> list:
     return [as_text(n).strip() for n in value if as_text(n).strip()]
 
 
+def _students(extra: dict) -> list:
+    """extra_data.students as [{"name", "sid", "email"}], else the one student results.json names
+    (older files, and submission.yaml's student): [] when it names no one."""
+    found = []
+    for entry in extra.get("students") if isinstance(extra.get("students"), list) else []:
+        entry = as_dict(entry)
+        student = {key: as_text(entry.get(key)).strip() or None for key in ("name", "sid", "email")}
+        if any(student.values()):
+            found.append(student)
+    if not found:
+        student = {key: as_text(extra.get(source)).strip() or None
+                   for key, source in (("name", "student"), ("sid", "student_id"), ("email", "email"))}
+        found = [student] if any(student.values()) else []
+    return found
+
+
 def _count(value):
     return value if isinstance(value, int) and not isinstance(value, bool) and value >= 0 else None
 
@@ -216,6 +240,10 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
             part = Part(key, label, sum(c.score for c in mine), sum(c.max_score for c in mine))
         else:
             part = Part(key, label, as_number(info.get("score")), as_number(info.get("max_score")))
+        if from_checks or not info:
+            part.graded = any(c.state != "not_here" for c in mine if c.state != "skipped") or not mine
+        else:
+            part.graded = info.get("graded") is not False
         if not from_checks and "advice_max_score" in info:
             part.advice_score = as_number(info.get("advice_score"))
             part.advice_max_score = as_number(info.get("advice_max_score"))
@@ -267,6 +295,8 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
     return SubmissionReport(
         name=name,
         student=as_text(extra.get("student")) or None,
+        student_id=as_text(extra.get("student_id")) or None, email=as_text(extra.get("email")) or None,
+        students=_students(extra),
         score=score, max_score=max_score, parts=parts,
         environment={k: as_dict(extra.get("environment")).get(k) for k in ENVIRONMENT_KEYS},
         seed=extra.get("seed"),
@@ -279,6 +309,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         notes=_notes(extra.get("notes")),
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
+        provisional=extra.get("provisional") is True or any(c.state == "not_here" for c in checks),
     )
 
 

@@ -24,6 +24,12 @@ from dataclasses import dataclass, field, fields
 
 # The grader itself failed on the check: neither passed nor failed, unscored, to be regraded.
 GRADER_ERROR = "grader_error"
+# The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum, scores
+# nothing yet, and makes the total provisional until the check is graded where it can run. A
+# "skipped" check, by contrast, does not apply to the submission (an adapter of the other template).
+NOT_GRADED_HERE = "not_graded_here"
+# Outcomes that are neither passed nor failed: Gradescope shows them with no status, by score.
+UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)
 # A check's source starting with this is advice (tests/grading/rubric.py says the same).
 ADVICE_PREFIX = "beyond the handout"
 # Keys of one verdict the pages read; filled with None when results.json lacks them.
@@ -56,7 +62,8 @@ class CheckRecord:
     group: str = ""  # the rubric group that scores it ("" for a stand-in)
     source: str = ""  # where the requirement comes from: official tests, handout, or beyond it
     advice: bool = False  # beyond the handout: a best practice worth few points
-    outcome: str = "error"  # passed, failed, skipped, not_attempted, timeout, crash, error, grader_error...
+    outcome: str = "error"  # passed, failed, skipped, not_graded_here, not_attempted, timeout, crash, error,
+    # grader_error...
     diagnosis: str = ""
     output: str = ""  # the diagnosis and its evidence as text (a traceback, for a grader error)
     seconds: float = 0.0
@@ -123,9 +130,9 @@ class CheckRecord:
     def to_gradescope(self) -> dict:
         """One entry of results.json `tests[]`, once scored (score, max_score, visibility set).
 
-        A grader error has no status: Gradescope shows a test with none by its score (0 / 0) and
-        the output sentence; "failed" would tell the student they lost something. Its traceback
-        stays in extra_data.grader_output, for staff.
+        A grader error, or a check not graded on this machine, has no status: Gradescope shows a
+        test with none by its score and the output sentence; "failed" would tell the student they
+        lost something. A grader error's traceback stays in extra_data.grader_output, for staff.
         """
         broken = self.outcome == GRADER_ERROR
         extra = {"part": self.part, "check": self.check, "case": self.case}
@@ -142,8 +149,9 @@ class CheckRecord:
                 "output": (self.diagnosis or grader_error_diagnosis([])) if broken else self.output,
                 "tags": [self.part, self.tier or ""] + (["advice"] if self.advice else []),
                 "visibility": self.visibility, "extra_data": extra}
-        if broken:
+        if self.outcome in UNSETTLED:
             del test["status"]
+        if broken:
             extra["grader_output"] = self.output
         return test
 
@@ -196,9 +204,12 @@ class CheckRecord:
     # -- what the pages show ----------------------------------------------------------------
     @property
     def state(self) -> str:
-        """What a page groups by: "passed", "skipped", "ungraded" (a grader error) or "failed"."""
+        """What a page groups by: "passed", "skipped", "ungraded" (a grader error), "not_here"
+        (not graded on this machine) or "failed"."""
         if self.outcome in ("passed", "skipped"):
             return self.outcome
+        if self.outcome == NOT_GRADED_HERE:
+            return "not_here"
         return "ungraded" if self.outcome == GRADER_ERROR else "failed"
 
     @property

@@ -122,7 +122,7 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
         return None, None
     if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
             and not grading.on_gpu:
-        check.skip(f"needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
+        check.not_here(f"it needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
                    f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
     check.settle_reply(reply)
     backward_error = (reply.result.get("backward_error") or {}) if phase == "backward" else {}

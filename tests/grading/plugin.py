@@ -30,10 +30,10 @@ from fa2_adapters.harness import kernel_cache
 from fa2_adapters.harness.client import SubmissionRunner
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
-from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
+from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from tests.grading import record_store, shards
 from tests.grading.durations import Durations
-from tests.grading.rubric import Rubric
+from tests.grading.rubric import Rubric, RubricError
 
 
 def case_data(case) -> tuple:
@@ -68,8 +68,15 @@ class Check:
         self.update(outcome="passed", output=note or "passed", **details)
 
     def skip(self, reason: str):
+        """The check does not apply to this submission (an adapter of the other template): 0 of 0."""
         self.update(outcome="skipped", output=f"skipped: {reason}")
         pytest.skip(reason)
+
+    def not_here(self, reason: str):
+        """The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum
+        and scores nothing until graded where it can run, so the total is provisional."""
+        self.update(outcome=NOT_GRADED_HERE, output=f"not graded here: {reason}")
+        pytest.skip(f"not graded here: {reason}")
 
     def settle_reply(self, reply):
         """Fail the check if the runner call itself went wrong; otherwise return quietly."""
@@ -88,9 +95,12 @@ class Grading:
 
     def __init__(self, config):
         self.config = config
-        self.rubric = Rubric(config.getoption("--rubric"))
+        try:
+            self.rubric = Rubric(config.getoption("--rubric"))
+        except RubricError as exc:  # pytest prints it, without a traceback, and exits with status 4
+            raise pytest.UsageError(str(exc)) from None
         self.reports = Path(config.getoption("--reports"))
-        self.seed = config.getoption("--seed")
+        self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.
@@ -192,6 +202,16 @@ class Grading:
             runner.close()
 
 
+def grading_seed(config, reports: Path) -> int:
+    """--seed when given; in an xdist worker, the controller's (pytest_configure_node); else the
+    reports folder's secret seed."""
+    if (seed := config.getoption("--seed")) is not None:
+        return seed
+    if hasattr(config, "workerinput"):
+        return config.workerinput["grading_seed"]
+    return record_store.secret_seed(reports)
+
+
 def environment(on_gpu: bool) -> dict:
     try:
         import triton
@@ -258,16 +278,23 @@ class GradingPlugin:
         if self.is_worker:
             config.option.loadgroup = True
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_configure_node(self, node):
+        """xdist, in the controller: every worker draws its inputs from the controller's seed."""
+        node.workerinput["grading_seed"] = self.state.seed
+
     def pytest_sessionstart(self, session):
         if self.is_worker or self.config.option.collectonly:
             return
+        self._show_rubric()
         # Check files are kept: a check this session does not run keeps its last result, and one
         # it runs is overwritten (record_store.assemble decides which records are current). The
         # runner's facts stay too until this session's runner replaces them.
         for s in self.state.submissions:
             old = record_store.read_info(self.state.reports, s.name)
             self.info[s.name] = {
-                "student": s.student, "seed": self.state.seed,
+                "student": s.student, "student_id": s.student_id, "email": s.email, "students": s.students,
+                "seed": self.state.seed,
                 "ungradable": s.problem or old.get("ungradable"),
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **({"runner_log_tail": old["runner_log_tail"]} if old.get("runner_log_tail") else {})}
@@ -294,6 +321,10 @@ class GradingPlugin:
                     partial.add(arg.split("::", 1)[0])
         # The marker is xdist's: without the plugin (-p no:xdist) pytest would warn it is unknown.
         grouping = config.pluginmanager.hasplugin("xdist")
+        # --lf drops the tests that passed last time while collecting, before this hook runs
+        # (pytest's LFPluginCollWrapper): no module is collected whole then, so the checks it
+        # leaves out keep their records, as with tests named by id.
+        last_failed = bool(config.getoption("lf", False))
         for item in items:
             name = submission_of(item)
             if name is not None:
@@ -302,8 +333,10 @@ class GradingPlugin:
                     item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
                 item.grading_nodeid = item.nodeid  # without the "@group" xdist appends
                 self.collected.setdefault(name, set()).add(item.nodeid)
-                if (module := item.nodeid.split("::", 1)[0]) not in partial:
+                if not last_failed and (module := item.nodeid.split("::", 1)[0]) not in partial:
                     self.modules.add(module)
+        if self.state.sharded:  # every worker sorts alike, as xdist requires
+            items.sort(key=lambda item: shards.cost_rank(getattr(item, "grading_shard", "")))
         if not self.is_worker:
             self._save_collected()
 
@@ -350,7 +383,7 @@ class GradingPlugin:
         fault = getattr(item, "grading_fault", None)
         if report.passed and record.outcome == "error" and not record.diagnosis:
             record.update(outcome="passed", output=record.output or "passed")
-        elif report.skipped and record.outcome != "skipped":
+        elif report.skipped and record.outcome not in ("skipped", NOT_GRADED_HERE):
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
             record.update(outcome="skipped", output=f"skipped: {reason}")
         elif report.failed and (fault or report.when == "setup" or not record.diagnosis):
@@ -466,6 +499,18 @@ class GradingPlugin:
             self._say(f"[{done} of {len(self.pending)} submissions done] {name}: "
                       f"{graded['score']:g} / {graded['max_score']:g}"
                       + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""))
+
+    def _show_rubric(self):
+        """The point table at the start (controller only), so a wrong weight shows before grading; -q: its totals."""
+        rubric, reporter = self.state.rubric, self.config.pluginmanager.get_plugin("terminalreporter")
+        if reporter is None:
+            return
+        if self.config.get_verbosity() < 0:
+            reporter.write_line(rubric.summary())
+            return
+        reporter.write_sep("-", f"rubric: {rubric.path}")
+        for line in rubric.point_table().splitlines():
+            reporter.write_line(line)
 
     def _say(self, line: str) -> None:
         """A progress line through pytest's terminal reporter, on a line of its own."""

@@ -7,6 +7,9 @@ one type carries a check from the test that makes it to the page that shows it.
 Who writes what under reports/ (one owner per file; every JSON file is written whole, to a
 temporary file that then replaces it, so a reader never sees half of one):
 
+  .seed                      the controller that first grades into the folder (secret_seed): the
+                             base seed of every input, unless --seed gives one; readable by the
+                             grader's user only, never by a runner.
   <sub>/checks/<check>.json  the pytest controller (plugin.py, pytest_runtest_logreport), when the
                              check finishes; under xdist the worker's record travels to it on the
                              test report, as CheckRecord.to_json(). Never deleted: a check not run
@@ -38,12 +41,14 @@ recorded (a run stopped by -x or Ctrl-C, a worker that died).
 import json
 import os
 import re
+import secrets
 import threading
 import time
+from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
-from reporting.record import GRADER_ERROR, CheckRecord
+from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord
 from tests.grading.rubric import Rubric
 
 
@@ -63,6 +68,27 @@ def write_json(path: Path, data) -> None:
     finally:
         if tmp.exists():
             tmp.unlink()
+
+
+def secret_seed(reports: Path) -> int:
+    """The reports folder's base seed: drawn from the OS's randomness the first time, then read back,
+    so a regrade into the same folder draws the same inputs. A submission cannot predict its inputs
+    from the grader's public code, as it could a default seed written there."""
+    path = Path(reports) / ".seed"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:  # drawn before (or by a controller starting at the same moment)
+        for _ in range(50):
+            text = path.read_text().strip()
+            if text.isdigit():
+                return int(text)
+            time.sleep(0.1)  # the other controller is between its open and its write
+        raise RuntimeError(f"{path} does not hold a seed: delete it, or pass --seed") from None
+    seed = secrets.randbelow(2**31)
+    with os.fdopen(fd, "w") as out:
+        out.write(f"{seed}\n")
+    return seed
 
 
 def read_json(path: Path, default=None):
@@ -171,35 +197,50 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         expected, modules = load_collected(reports, submission)
     records = current_records(folder, expected, modules)
     info = read_info(reports, submission)
-    counted = [r for r in records if r.outcome != "skipped"]  # grader errors keep their share
-    group_sizes = {}
-    for r in counted:
-        group_sizes[r.group] = group_sizes.get(r.group, 0) + 1
 
-    # The rubric's parts in its order: the pages show them so.
-    parts = {key: {"label": label, "score": 0.0, "max_score": 0.0} for key, label in rubric.parts.items()}
+    # The maximum is fixed by the rubric: every group's points, whatever the machine, less only the
+    # groups that do not apply to this submission (all of their checks skipped: FSDP for a
+    # 2025-template submission). A group's points are split evenly over its checks that apply;
+    # a check not graded here (it needs a GPU) or one the grader failed on keeps its share of the
+    # maximum and scores 0 until it is graded, so the total is provisional or incomplete, not smaller.
+    applying = [r for r in records if r.outcome != "skipped"]
+    group_sizes = Counter(r.group for r in applying)
+    skipped_groups = {r.group for r in records} - set(group_sizes)
+    parts = {key: {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
+             for key, label in rubric.parts.items()}  # in the rubric's order: the pages show them so
+    for group in rubric.groups:
+        if group not in skipped_groups and group not in group_sizes:  # no check of it was recorded
+            part = parts.setdefault(group.split(".")[0], {"label": group.split(".")[0], "score": 0.0,
+                                                          "max_score": 0.0, "checks": 0, "not_graded_here": 0})
+            part["max_score"] += rubric.points(group)
+            if rubric.advice(group):
+                part["advice_score"] = part.get("advice_score", 0.0)
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + rubric.points(group)
     tests = []
     ungraded = []
     for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
         skipped = r.outcome == "skipped"
-        broken = r.outcome == GRADER_ERROR
         # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
-        # A grader error withholds its share of the group's points: the others do not absorb it.
         r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
-        r.max_score = 0.0 if skipped or broken else rubric.points(r.group) / group_sizes[r.group]
-        r.score = r.max_score if r.passed else 0.0
+        r.max_score = 0.0 if skipped else rubric.points(r.group) / group_sizes[r.group]
+        r.score = r.max_score if r.outcome == "passed" else 0.0
         if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
-            part = parts.setdefault(r.part, {"label": r.part, "score": 0.0, "max_score": 0.0})
+            part = parts.setdefault(r.part, {"label": r.part, "score": 0.0, "max_score": 0.0, "checks": 0,
+                                             "not_graded_here": 0})
             part["score"] += r.score
             part["max_score"] += r.max_score
+            part["checks"] += 0 if skipped else 1
+            part["not_graded_here"] += r.outcome == NOT_GRADED_HERE
             if r.advice:  # of which advice (beyond the handout), reported apart
                 part["advice_score"] = part.get("advice_score", 0.0) + r.score
                 part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
-        if broken:
+        if r.outcome == GRADER_ERROR:
             ungraded.append({"name": r.name, "nodeid": r.nodeid,
                              "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
                                                                         or "unknown error")})
         tests.append(r.to_gradescope())
+    for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
+        part["graded"] = part["checks"] > part["not_graded_here"]
     recorded = {r.nodeid for r in records}
     never_run = sorted(set(expected or ()) - recorded)
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
@@ -207,13 +248,18 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     total = len(records) + len(never_run)
     graded = total - len(ungraded)
     incomplete = bool(ungraded) or total == 0
+    not_here = [r for r in records if r.outcome == NOT_GRADED_HERE]
 
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
-    scored = [t for t in tests if "status" in t]  # not the grader errors
+    scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
     failed = [t for t in scored if t["status"] == "failed"]
     summary = info.get("ungradable") or (f"{len(failed)} of {len(scored)} checks failed." if failed
                                          else f"All {len(scored)} checks passed.")
+    if not_here:
+        waiting = sum(r.max_score for r in not_here)
+        summary = (f"provisional: {len(not_here)} checks worth {waiting:.4g} points need a GPU and were not "
+                   f"graded here; they count 0 until the submission is graded on a GPU. " + summary)
     if incomplete:
         why = []
         if grader_failed := sum(1 for u in ungraded if u["name"]):
@@ -228,10 +274,12 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         "execution_time": round(sum(r.seconds or 0 for r in records), 2),
         "output": summary, "visibility": "visible", "stdout_visibility": "hidden",
         "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
+                       **{k: info[k] for k in ("student_id", "email", "students") if info.get(k)},
                        "environment": info.get("environment", {}), "parts": parts,
                        "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
                        "runner_log_tail": info.get("runner_log_tail", ""),
-                       "incomplete": incomplete, "checks_graded": graded, "checks_expected": total,
+                       "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
+                       "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},
         "tests": tests,
     }

@@ -95,7 +95,8 @@ def test_runs_on_cuda(grading, submission, check):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
     c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")
     if not grading.on_gpu:
-        c.skip("no GPU here: the PyTorch class is graded on the CPU, where the official tests run it")
+        c.not_here("it needs a GPU: this runs the course case on CUDA tensors (the official tests run the PyTorch "
+                   "class on the CPU, as this grader does elsewhere)")
     grading.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
     reply, tensors = run_case(grading, submission, "pytorch", COURSE_CASE, device="cuda")
     backward_error = reply.result.get("backward_error") or {}

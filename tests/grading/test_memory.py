@@ -33,7 +33,8 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
     case = GPU_CASES[slot] if on_cuda else MEMORY_CASE
     c = check("memory", phase, f"{slot}-{case.id}", "memory")
     if slot == "triton" and not grading.on_gpu:
-        c.skip("Triton's memory is measured on a GPU; the interpreter's numpy arrays are invisible on a CPU")
+        c.not_here("it needs a GPU: Triton's memory is measured on one; the interpreter's numpy arrays are "
+                   "invisible on a CPU")
     reply, _ = run_case(grading, submission, slot, case, warmup=on_cuda)
     c.settle_reply(reply)
     if phase == "backward" and (error := reply.result.get("backward_error")):

@@ -234,6 +234,7 @@ def test_examples_exist():
             assert not expected["must_fail"], f"{name} is gpu_only: its must_fail belongs under gpu_must_fail"
 
 
+@pytest.mark.slow
 def test_grading_run_finished(graded):
     run, verdicts, table, out = graded
     # None: the reports of an earlier class run, whose exit status .ci/run checked itself
@@ -243,6 +244,7 @@ def test_grading_run_finished(graded):
     assert not missing, f"no results for {missing}\n{run['stdout_tail']}"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", NAMES)
 def test_example(graded, name):
     run, verdicts, table, out = graded

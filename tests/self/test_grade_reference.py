@@ -4,9 +4,12 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
+@pytest.mark.slow
 def test_reference_scores_full_marks(tmp_path):
     reports = tmp_path / "reports"
     proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "submissions/reference", "--reports",

@@ -137,7 +137,9 @@ def test_grader_error_is_retried_once_then_unscored(broken_then_regraded):
     tests = by_name(graded)
     forward = tests[FORWARD]
     assert forward["extra_data"]["outcome"] == "grader_error"
-    assert forward["score"] == 0 and forward["max_score"] == 0  # unscored, not a zero
+    # Unscored: no status, and its share of the group is withheld (0 of it until regraded), while
+    # the maximum stays the rubric's, as on every run.
+    assert forward["score"] == 0 and forward["max_score"] > 0
     assert "status" not in forward  # neither passed nor failed
     assert forward["output"].startswith("not graded: the grader itself failed (KeyError:")
     assert "this check will be regraded" in forward["output"]
@@ -147,7 +149,7 @@ def test_grader_error_is_retried_once_then_unscored(broken_then_regraded):
     assert "tests/grading/test_flash.py" in attempts[0] or "throwaway_plugin" in attempts[0]
     # The forward's share of the group is withheld, not handed to the backward.
     assert tests[BACKWARD]["status"] == "passed" and tests[BACKWARD]["max_score"] > 0
-    assert graded["max_score"] == tests[BACKWARD]["max_score"]
+    assert graded["score"] == tests[BACKWARD]["score"] and graded["max_score"] == pytest.approx(Rubric().total())
     extra = graded["extra_data"]
     assert extra["incomplete"] is True
     assert FORWARD in [u["name"] for u in extra["ungraded"]]
@@ -350,7 +352,8 @@ def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
     graded = record_store.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
     assert [t["name"] for t in graded["tests"]] == ["alice::grader::test_forward[a]"]
     assert "grader" not in graded["extra_data"]["parts"]  # a stand-in makes no part of its own
-    assert graded["extra_data"]["incomplete"] is True and graded["score"] == 0 == graded["max_score"]
+    assert graded["extra_data"]["incomplete"] is True and graded["score"] == 0
+    assert graded["max_score"] == pytest.approx(Rubric().total())  # the rubric's, whatever ran
 
 
 def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
@@ -365,9 +368,11 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
     share = round(rubric.points("flash_pytorch.forward.course") / 2, 4)
     tests = by_name(graded)
     assert tests["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(share)
-    assert tests["alice::flash_pytorch::forward[b]"]["max_score"] == 0
-    assert "on both attempts" in tests["alice::flash_pytorch::forward[b]"]["output"]
-    assert graded["max_score"] == pytest.approx(share)
+    # b's share stays in the maximum, unscored until regraded; a does not absorb it
+    withheld = tests["alice::flash_pytorch::forward[b]"]
+    assert withheld["max_score"] == pytest.approx(share) and withheld["score"] == 0 and "status" not in withheld
+    assert "on both attempts" in withheld["output"]
+    assert graded["score"] == pytest.approx(share) and graded["max_score"] == pytest.approx(rubric.total())
     assert graded["output"].startswith("incomplete: 1 of 2 checks graded (1 not graded because the grader itself "
                                        "failed)")
     # The pages: the check is listed as not graded, not among the failures; the student view

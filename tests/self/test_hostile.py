@@ -181,6 +181,7 @@ def isolated() -> bool:
 
 # -- the class session ------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_session_completes(class_run):
     out = class_run["output"]
     assert class_run["returncode"] in (0, 1), out[-4000:]
@@ -191,6 +192,7 @@ def test_session_completes(class_run):
     print(f"class session wall time: {class_run['wall']:.0f} s")
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, s in EXAMPLES.items() if not s.get("control")])
 def test_hostile_finding(class_run, name):
     spec = EXAMPLES[name]
@@ -246,6 +248,7 @@ def test_hostile_finding(class_run, name):
     assert not problems, "\n".join(problems)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", CONTROLS)
 def test_controls_unchanged(class_run, solo_run, name):
     """A control's results are the same graded next to the hostile examples as graded alone."""

@@ -6,17 +6,20 @@ violation as an "INFO:CONSOLE" line. The sort is exercised through the page's ow
 hook, which clicks the header, so the real click handler runs. Screenshots go to
 reports/screenshots/ for a person to look at.
 """
+import json
+import re
 import shutil
 import subprocess
 import tempfile
 from dataclasses import dataclass
+from html import unescape
 from pathlib import Path
 
 import pytest
 
 from reporting import build_reports
 
-from .test_reports import FIXTURES, NAMES, fixture_json, table_rows
+from .test_reports import FIXTURES, NAMES, PARTS, fixture_json, table_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
@@ -34,9 +37,9 @@ class Loaded:
     console: list  # the page's console messages, errors included
 
 
-def load(url: str, screenshot: Path = None, window=(1280, 1000)) -> Loaded:
+def load(url: str, screenshot: Path = None, window=(1280, 1000), flags=()) -> Loaded:
     with tempfile.TemporaryDirectory() as profile:
-        cmd = [CHROMIUM, *QUIET, f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}"]
+        cmd = [CHROMIUM, *QUIET, *flags, f"--user-data-dir={profile}", f"--window-size={window[0]},{window[1]}"]
         if screenshot:
             screenshot.parent.mkdir(parents=True, exist_ok=True)
             screenshot.unlink(missing_ok=True)
@@ -91,6 +94,69 @@ def test_class_table_sorts_by_any_column(reports, clicks, expected):
     page = load(reports.joinpath("index.html").as_uri() + f"#sort={clicks}")
     assert page.console == []
     assert class_order(page.dom) == expected
+
+
+def visible(dom: str):
+    """The class table's rows not hidden, in page order, and the part columns not hidden."""
+    rows = [attrs["data-name"] for attrs, _ in table_rows(dom, "class-table") if "hidden" not in attrs]
+    headers = re.findall(r'<th data-col="part-\w+" data-part="(\w+)"([^>]*)>', dom)
+    return rows, [key for key, rest in headers if "hidden" not in rest]
+
+
+# The filters are set through the address ("#only=failing", "#part=ddp"), which ticks the box and
+# picks the option, then fires their change event: the handlers a person's click runs.
+@pytest.mark.parametrize("setting, rows, parts", [
+    ("only=failing", ["bob", "carol", "dave", "erin"], PARTS),  # alice has full marks
+    ("part=ddp", ["dave", "erin", "carol", "alice", "bob"], ["ddp"]),  # every row, worst ddp first
+    ("only=failing&part=ddp", ["dave", "erin", "carol"], ["ddp"]),
+    # below full marks in timing: bob, carol (1.5/2), dave (not final); erin's is not scored
+    ("part=timing&only=failing", ["dave", "bob", "carol"], ["timing"]),
+    ("sort=name,name&only=failing", ["erin", "dave", "carol", "bob"], PARTS),  # sorting keeps the filter
+])
+def test_class_table_filters(reports, setting, rows, parts):
+    page = load(reports.joinpath("index.html").as_uri() + f"#{setting}")
+    assert page.console == []
+    assert '<div id="class-filters" class="filters">' in page.dom  # the script showed the controls
+    assert visible(page.dom) == (rows, parts)
+    assert f'<output id="filter-count" aria-live="polite">showing {len(rows)} of {len(NAMES)}</output>' in page.dom
+    for attrs, cells in table_rows(page.dom, "class-table"):  # each row shows the chosen part's cell alone
+        assert [c["data-part"] for c, _ in cells if "data-part" in c and "hidden" not in c] == parts
+    if "part=" in setting:  # one part: sorted by it, worst first
+        key = setting.split("part=")[1].split("&")[0]
+        assert f'<th data-col="part-{key}" data-part="{key}" class="num" tabindex="0" aria-sort="ascending">' \
+            in page.dom
+
+
+def test_filtered_class_page_screenshot(reports):
+    page = load(reports.joinpath("index.html").as_uri() + "#only=failing&part=ddp",
+                screenshot=SCREENSHOTS / "class-filtered.png", window=(1360, 900))
+    assert page.console == []
+    assert visible(page.dom) == (["dave", "erin", "carol"], ["ddp"])
+
+
+# Reads what is displayed into an attribute of <body>, for --dump-dom to print.
+PROBE = """<script>
+var shown = function (list) { return Array.prototype.filter.call(list, function (e) { return e.offsetWidth > 0; }); };
+document.body.setAttribute("data-probe", JSON.stringify({
+  filters: getComputedStyle(document.getElementById("class-filters")).display,
+  rows: shown(document.querySelectorAll("#class-table tbody tr")).map(function (r) { return r.dataset.name; }),
+  parts: shown(document.querySelectorAll("#class-table th[data-part]")).map(function (h) { return h.dataset.part; })}));
+</script>"""
+
+
+def test_without_its_script_every_row_shows_and_no_control(reports):
+    """As with JavaScript off: the page without its script shows every row and part and no filter
+    control. (--dump-dom needs JavaScript itself, so the page's script is taken out, with the CSP
+    that would block the probe, and a probe of ours reads what is displayed.)"""
+    html = reports.joinpath("index.html").read_text()
+    html, scripts = re.subn(r"<script>.*?</script>", "", html, flags=re.S)
+    html, policies = re.subn(r'<meta http-equiv="Content-Security-Policy"[^>]*>', "", html)
+    assert (scripts, policies) == (1, 1)
+    page = reports / "without-script.html"  # beside index.html, so its links still resolve
+    page.write_text(html.replace("</body>", PROBE + "</body>"))
+    dom = load(page.as_uri() + "#only=failing&part=ddp").dom
+    probe = json.loads(unescape(re.search(r'<body data-probe="([^"]*)"', dom).group(1)))
+    assert probe == {"filters": "none", "rows": NAMES, "parts": PARTS}
 
 
 def test_pass_rate_table_sorts_numerically(reports):

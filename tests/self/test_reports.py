@@ -20,6 +20,7 @@ from tests.self.fixtures import make_results
 FIXTURES = Path(__file__).parent / "fixtures" / "results"
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 PARTS = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
+PART_COLUMNS = [column for p in PARTS for column in (p, f"{p}_max")]
 
 
 def fixture_json(name):
@@ -81,7 +82,8 @@ def table_rows(html: str, table_id: str):
 
 def test_writes_a_page_per_submission_the_class_page_and_the_csv(staff):
     reports, written = staff
-    expected = {reports / n / "index.html" for n in NAMES} | {reports / "index.html", reports / "grades.csv"}
+    expected = {reports / n / "index.html" for n in NAMES} | {reports / "index.html", reports / "grades.csv",
+                                                              reports / "gradescope_scores.csv"}
     assert set(written) == expected
     assert all(p.stat().st_size > 0 for p in written)
 
@@ -148,7 +150,7 @@ def test_part_cells_are_coloured_by_fraction(staff):
     assert rows["erin"][ddp][0]["style"] == f"background: {plots.heat_colour_fraction(0.0)}"
     assert rows["erin"][ddp][1] == "0/12.5(+0/0.5 advice)"
     timing = 2 + PARTS.index("timing")
-    assert rows["erin"][timing][1] == "—"  # skipped on a CPU machine: not scored, not zero
+    assert rows["erin"][timing][1] == "—"  # not graded on a CPU machine: unknown, not zero
 
 
 ADVICE_PARTS = [p for p in PARTS if p != "memory"]  # the fixtures' memory checks are all from the handout
@@ -158,25 +160,34 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
     reports, _ = staff
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    # The old columns first, unchanged, so nothing that reads them by position breaks.
-    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed",
+    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "seed",
                              *(f"{p}_{kind}" for p in ADVICE_PARTS for kind in ("requirements", "advice")),
                              "notes", "complete"]
     assert [r["name"] for r in rows] == NAMES
     for row in rows:
         data = fixture_json(row["name"])
         extra = data["extra_data"]
-        assert float(row["total"]) == data["score"] and float(row["max"]) == data["max_score"]
+        provisional = " (provisional)" if extra.get("provisional") else ""
+        assert row["total"] == f"{data['score']:g}{provisional}" and float(row["max"]) == data["max_score"]
+        assert row["complete"] == ("provisional" if provisional else "yes")
         assert row["seed"] == str(extra["seed"])
         assert row["student"] == (extra["student"] or "")
-        for part in PARTS:  # the csv shows points to the hundredth
+        assert row["student_id"] == row["email"] == ""  # the fixtures name no ids
+        for part in PARTS:  # the csv shows points to the hundredth, and a part not graded here as blanks
+            if extra["parts"][part].get("graded") is False:
+                assert row[part] == row[f"{part}_max"] == ""
+                continue
             assert float(row[part]) == pytest.approx(extra["parts"][part]["score"], abs=0.005)
+            assert float(row[f"{part}_max"]) == pytest.approx(extra["parts"][part]["max_score"], abs=0.005)
         for part in ADVICE_PARTS:
             info = extra["parts"][part]
+            if info.get("graded") is False:
+                assert row[f"{part}_advice"] == row[f"{part}_requirements"] == ""
+                continue
             assert float(row[f"{part}_advice"]) == pytest.approx(info["advice_score"], abs=0.005)
             assert float(row[f"{part}_requirements"]) == pytest.approx(info["score"] - info["advice_score"])
         assert row["notes"] == " ".join(extra["notes"])
-        assert row["complete"] == "yes"  # every fixture's results are final
+        assert row["complete"] in ("yes", "provisional")  # every fixture's results are complete
     bob = rows[NAMES.index("bob")]
     assert (bob["flash_triton"], bob["flash_triton_requirements"], bob["flash_triton_advice"]) == ("13.7", "13", "0.7")
     assert rows[NAMES.index("dave")]["notes"].startswith("The submission declares jaxtyping (pyproject.toml)")
@@ -241,14 +252,17 @@ def test_rebuilding_gives_identical_files(tmp_path):
     assert first == second
 
 
+NONE_SKIPPED = "Skipped checks: they do not apply to this submission (0)"
+
+
 def test_failed_checks_come_first_grouped_by_part_with_their_evidence(staff):
     reports, _ = staff
     page = (reports / "bob" / "index.html").read_text()
     # Course requirements first, then advice; in each, failed checks by part, then passed, then skipped.
     marks = ["<h2 id=\"requirements\">Course requirements</h2>", "<h3>Failed checks (1)</h3>",
-             "<h4>Sharded optimizer ", "Passed checks (26)", "Skipped checks (0)",
+             "<h4>Sharded optimizer ", "Passed checks (26)", NONE_SKIPPED,
              "<h2 id=\"advice\">Advice (beyond the handout)</h2>", "<h3>Failed checks (13)</h3>",
-             "<h4>Triton FA2 ", "<h4>Timing ", "Passed checks (26)", "Skipped checks (0)"]
+             "<h4>Triton FA2 ", "<h4>Timing ", "Passed checks (26)", NONE_SKIPPED]
     at = 0
     for mark in marks:
         at = page.index(mark, at)
@@ -278,12 +292,13 @@ def test_each_diagnosis_is_shown_once_per_part(staff):
 def test_skipped_checks_show_their_reason_and_environment_is_shown(staff):
     reports, _ = staff
     page = (reports / "erin" / "index.html").read_text()
-    memory = page[page.index("Skipped checks (2)"):page.index('<h2 id="advice">')]  # the handout's
-    assert memory.count("skipped: needs a CUDA GPU") == 2
-    timing = page[page.index("Skipped checks (4)"):]  # beyond the handout
-    assert timing.count("skipped: needs a CUDA GPU") == 4
+    memory = page[page.index("Not graded here: needs a GPU (2)"):page.index('<h2 id="advice">')]  # the handout's
+    assert memory.count("not graded here: it needs a CUDA GPU") == 2
+    timing = page[page.index("Not graded here: needs a GPU (4)"):]  # beyond the handout
+    assert timing.count("not graded here: it needs a CUDA GPU") == 4
     assert "yes (TRITON_INTERPRET=1" in page and "<dd>cpu</dd>" in page and "<dd>7</dd>" in page
-    assert "not scored" in page  # timing, with nothing scorable on a CPU
+    # timing, with nothing scorable on a CPU: its points stay in the maximum, the total is provisional
+    assert "not graded here (0 / " in page and 'id="provisional"' in page
 
 
 def test_untrusted_text_is_escaped(staff):
@@ -342,7 +357,7 @@ def test_unreadable_results_json_still_gets_a_row(tmp_path):
     build_reports(reports)
     rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
     assert rows["zoe"][-2][1].startswith("Not graded: results.json could not be read:")
-    assert "zoe,,,,,,,,,0 (incomplete),0," in (reports / "grades.csv").read_text()  # not a grade: regrade
+    assert "zoe," + "," * (3 + len(PART_COLUMNS)) + "0 (incomplete),0," in (reports / "grades.csv").read_text()
 
 
 def test_pass_rates_by_check_and_case_family(staff):
@@ -459,7 +474,7 @@ def test_every_check_shows_its_source(staff):
             "atol=rtol=1e-2)") in page
     # Skipped checks too.
     erin = (reports / "erin" / "index.html").read_text()
-    skipped = erin[erin.index("Skipped checks (4)"):]
+    skipped = erin[erin.index("Not graded here: needs a GPU (4)"):]
     assert skipped.count("source: beyond the handout: a time budget") == 4
 
 
@@ -531,6 +546,43 @@ def test_class_table_shows_advice_apart(staff):
     assert "then in brackets the advice" in html
 
 
+BELOW_FULL_MARKS = ["bob", "carol", "dave", "erin"]  # alice has full marks; dave is ungradable, so not final
+
+
+def test_class_table_carries_what_its_filters_need(staff):
+    """The filters (applied by sort.js, see test_report_browser.py) read data-below / data-final
+    on each row and data-part / data-below on each part cell. Their controls come hidden: without
+    JavaScript there is nothing to click, and no row is hidden."""
+    reports, _ = staff
+    html = (reports / "index.html").read_text()
+    assert '<div id="class-filters" class="filters" hidden>' in html
+    assert '<input type="checkbox" id="filter-failing"> only submissions below full marks, or not final' in html
+    assert re.findall(r'<option value="(\w*)">', html) == ["", *PARTS]  # every part, then each part alone
+    for key in PARTS:
+        assert f'<th data-col="part-{key}" data-part="{key}" class="num">' in html
+    rows = {a["data-name"]: (a, c) for a, c in table_rows(html, "class-table")}
+    assert not any("hidden" in a or any("hidden" in cell for cell, _ in c) for a, c in rows.values())
+    assert [n for n, (a, _) in rows.items() if a["data-below"] == "yes"] == BELOW_FULL_MARKS
+    assert [n for n, (a, _) in rows.items() if a["data-final"] == "no"] == ["dave"]
+    ddp, timing = 2 + PARTS.index("ddp"), 2 + PARTS.index("timing")
+    assert all(c[ddp][0]["data-part"] == "ddp" and c[timing][0]["data-part"] == "timing" for _, c in rows.values())
+    assert [n for n, (_, c) in rows.items() if c[ddp][0]["data-below"] == "yes"] == ["carol", "dave", "erin"]
+    # erin's timing is not scored (skipped without a GPU): not below, whatever it sorts as
+    assert [n for n, (_, c) in rows.items() if c[timing][0]["data-below"] == "yes"] == ["bob", "carol", "dave"]
+
+
+def test_full_marks_up_to_rounding_are_not_below(tmp_path):
+    """A total summed in floating point a hair under its max shows as full marks: it is not below."""
+    reports = copy_fixtures(tmp_path / "reports")
+    data = fixture_json("alice")
+    data["score"] = data["max_score"] - 1e-9
+    (reports / "alice" / "results.json").write_text(json.dumps(data))
+    build_reports(reports)
+    rows = {a["data-name"]: a for a, _ in table_rows((reports / "index.html").read_text(), "class-table")}
+    assert rows["alice"]["data-below"] == "no"
+    assert rows["bob"]["data-below"] == "yes"
+
+
 def test_student_view_splits_only_the_visible_checks(student):
     page = (student / "bob" / "index.html").read_text()
     visible = [t for t in fixture_json("bob")["tests"] if t["visibility"] == "visible"]
@@ -564,7 +616,8 @@ def test_results_without_sources_build_as_before(tmp_path):
     assert rows["bob"][2 + PARTS.index("flash_triton")][1] == "13.7/14.9"
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "student", *PARTS, "total", "max", "seed", "notes", "complete"]
+    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "seed", "notes",
+                             "complete"]
     assert all(r["notes"] == "" for r in rows)
 
 

@@ -50,3 +50,13 @@ def test_group_names_give_back_their_submission():
             group = shards.group_name(name, shard)
             assert "@" not in group  # xdist splits group names at "@"
             assert shards.submission_of_group(group) == name
+
+
+def test_heaviest_shards_run_first():
+    """loadgroup hands out groups in collection order: the longest go first (shards.HEAVY_FIRST)."""
+    names = ["pytorch", "memory-pytorch", "fsdp", "ddp-ddp", "triton-bf16-causal-d64", "timing-pytorch",
+             "timing-triton", "sharded", "triton", "memory-triton"]
+    ordered = sorted(names, key=shards.cost_rank)
+    assert ordered[:4] == ["timing-triton", "triton-bf16-causal-d64", "triton", "memory-triton"]
+    assert ordered.index("ddp-ddp") < ordered.index("pytorch")
+    assert ordered[-2:] == ["pytorch", "memory-pytorch"]  # what a CPU runs in a second or two

@@ -1,0 +1,111 @@
+"""The rubric is checked as it loads (tests/grading/rubric.py): a mistake stops the run with one
+plain sentence per problem, naming the file's line, instead of scoring 0 or erroring later."""
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.grading.rubric import DEFAULT_RUBRIC, PARTS, Rubric, RubricError
+
+PROJECT_ROOT = Path(__file__).resolve().parents[2]
+DEFAULT_TEXT = DEFAULT_RUBRIC.read_text()
+
+
+def bad_rubric(tmp_path, old: str, new: str) -> tuple:
+    """The default rubric with `old` replaced by `new` (once), and the line `new` starts on."""
+    assert DEFAULT_TEXT.count(old) >= 1, old
+    text = DEFAULT_TEXT.replace(old, new, 1)
+    path = tmp_path / "my_rubric.yaml"
+    path.write_text(text)
+    return path, text[:text.index(new)].count("\n") + 1
+
+
+def test_the_default_rubric_loads_and_its_total_is_the_sum_of_its_groups():
+    rubric = Rubric()
+    assert rubric.groups and set(rubric.parts) == set(PARTS)
+    assert rubric.total() == pytest.approx(sum(g["points"] for g in rubric.groups.values()))
+    assert rubric.total() == pytest.approx(sum(rubric.part_total(part) for part in rubric.parts))
+    assert rubric.points("flash_pytorch.forward.course") == 5.0
+    assert rubric.visibility("flash_triton.forward.robustness") == "after_due_date"
+    assert set(rubric.budgets) == {"flash_triton", "flash_pytorch"} and rubric.budgets["flash_triton"]["batch"] == 64
+    assert rubric.timeout("import") == 120.0
+
+
+def test_the_hostile_rubric_loads():
+    rubric = Rubric(PROJECT_ROOT / "tests" / "self" / "fixtures" / "hostile_rubric.yaml")
+    assert rubric.tolerances == {"output_factor": 2.0, "grad_factor": 3.0} and rubric.timeout("flash") == 10.0
+
+
+@pytest.mark.parametrize("old, new, expected", [
+    ("flash_pytorch.forward.course:", "flash_pytorch.forwrd.course:",
+     "groups.flash_pytorch.forwrd.course is not a group of this grader (its groups are listed below)\n"
+     "The groups of this grader are: flash_pytorch.forward.course, "),
+    ("visibility: after_due_date", "visibility: after_due",
+     "groups.flash_pytorch.forward.robustness.visibility is 'after_due'; "
+     "allowed: visible, hidden, after_due_date, after_published"),
+    ("tolerances: {}", "tolerances: {output_fator: 2}",
+     "tolerances.output_fator is not a known key here; allowed: output_factor, grad_factor"),
+    ("  timing: 300", "  timings: 300",
+     "timeouts.timings is not a known key here; allowed: import, flash, flash_interpreted, distributed, timing"),
+    ("memory.forward: {points: 3,", "memory.forward: {points: abc,",
+     "groups.memory.forward.points is 'abc'; allowed: a number"),
+    ("ddp.overlap: {points: 2,", "ddp.overlap: {points: -2,",
+     "groups.ddp.overlap.points is -2; allowed: a number >= 0"),
+    ("parts:", "colours: red\nparts:",
+     "colours is not a known key here; allowed: timeouts, tolerances, parts, groups, budgets"),
+    ("  fsdp: FSDP", "  fsd: FSDP",
+     "parts.fsd is not a part of this grader; parts are: flash_pytorch, flash_triton, ddp, sharded_optimizer, "),
+    ("dtype: bfloat16", "dtype: bf16", "budgets.flash_triton.dtype is 'bf16'; allowed: float32, bfloat16, float16"),
+])
+def test_a_mistake_is_named_with_its_line_and_what_is_allowed(tmp_path, old, new, expected):
+    path, line = bad_rubric(tmp_path, old, new)
+    with pytest.raises(RubricError) as raised:
+        Rubric(path)
+    assert str(raised.value).startswith(f"{path}:{line}: {expected}")
+    # one sentence, not a dump (and the list of groups once, on a line of its own)
+    assert "pydantic" not in str(raised.value) and str(raised.value).count("\n") == expected.count("\n")
+
+
+def test_every_problem_gets_its_own_line(tmp_path):
+    path, line = bad_rubric(tmp_path, "tolerances: {}", "tolerances:\n  output_factr: 2\n  grad_factor: abc")
+    with pytest.raises(RubricError) as raised:
+        Rubric(path)
+    assert str(raised.value).splitlines() == [
+        f"{path}:{line + 1}: tolerances.output_factr is not a known key here; allowed: output_factor, grad_factor",
+        f"{path}:{line + 2}: tolerances.grad_factor is 'abc'; allowed: a number"]
+
+
+def test_numbers_written_as_strings_are_numbers(tmp_path):
+    path, _ = bad_rubric(tmp_path, "tolerances: {}", "tolerances: {output_factor: 1e-3}")
+    assert Rubric(path).tolerances == {"output_factor": 0.001, "grad_factor": 3.0}  # PyYAML: the string "1e-3"
+
+
+def test_a_prefix_of_a_group_is_a_group(tmp_path):
+    path, _ = bad_rubric(tmp_path, "groups:\n", "groups:\n  ddp: 1\n  flash_triton.forward: 2\n")
+    rubric = Rubric(path)
+    assert rubric.group_of("flash_triton", "forward", "odd-tier") == "flash_triton.forward"
+    assert rubric.group_of("ddp", "new_check", "x") == "ddp"
+
+
+def test_the_point_table_lists_every_group_and_the_total():
+    rubric = Rubric()
+    table = rubric.point_table()
+    for key, group in rubric.groups.items():
+        assert any(key in line and f"{group['points']:g}" in line for line in table.splitlines()), key
+    for part, label in rubric.parts.items():
+        assert f"{label} ({part}): {rubric.part_total(part):g} points" in table
+    fsdp = rubric.part_total("fsdp")
+    assert fsdp > 0
+    assert f"Total: {rubric.total():g} points in {len(rubric.groups)} groups." in table
+    assert f"graded out of {rubric.total() - fsdp:g} ({rubric.total():g} - {fsdp:g} FSDP points)" in table
+
+
+def test_pytest_stops_on_a_bad_rubric_with_status_4(tmp_path):
+    path, line = bad_rubric(tmp_path, "visibility: after_due_date", "visibility: after_due")
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:xdist", "--impl", "submissions/reference",
+                           "--rubric", str(path), "--reports", str(tmp_path / "reports")],
+                          cwd=PROJECT_ROOT, capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 4, proc.stdout + proc.stderr
+    assert f"{path}:{line}: groups.flash_pytorch.forward.robustness.visibility is 'after_due'" in proc.stderr
+    assert "Traceback" not in proc.stderr and not (tmp_path / "reports").exists()
