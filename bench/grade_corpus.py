@@ -109,12 +109,12 @@ def official_tests(repo: Path, timeout: int) -> dict:
 
 # -- grading and the table -----------------------------------------------------------------------
 
-def grade(grader: Path, reports: Path, workers: int, select: str, log: Path, timeout: float) -> float:
+def grade(grader: Path, reports: Path, workers: int, select: str, log: Path, timeout: float, seed=None) -> float:
     """Grade the corpus with the grader in `grader`; past `timeout` the run is stopped and every
     repo's results.json is assembled from the checks that finished (each is written on its own)."""
     start = time.monotonic()
     command = [sys.executable, "-m", "pytest", "-n", str(workers), f"--impl={CORPUS}/*", f"--reports={reports}",
-               "-p", "no:cacheprovider", "-q", "-k", select]
+               "-p", "no:cacheprovider", "-q", "-k", select] + ([f"--seed={seed}"] if seed is not None else [])
     with log.open("w") as out:
         try:
             subprocess.run(command, cwd=grader, stdout=out, stderr=subprocess.STDOUT, timeout=timeout)
@@ -187,6 +187,7 @@ def main() -> None:
     parser.add_argument("--official-timeout", type=int, default=600)
     parser.add_argument("--official-from", type=Path, help="reuse an earlier run's official.json")
     parser.add_argument("--grade-timeout", type=float, default=3600, help="seconds for one grading run")
+    parser.add_argument("--seed", type=int, help="the grading runs' --seed (default: a fresh secret one)")
     args = parser.parse_args()
     if args.action == "prepare":
         return prepare(args.old_commit)
@@ -204,11 +205,11 @@ def main() -> None:
         (args.out / "official.json").write_text(json.dumps(official, indent=1))
         print(f"grading {len(repos)} repos with -n {args.workers} ...", flush=True)
         seconds = grade(ROOT, args.out / "reports", args.workers, args.select, args.out / "grader.log",
-                        args.grade_timeout)
+                        args.grade_timeout, args.seed)
         print(f"graded in {seconds:.0f} s", flush=True)
         if args.old:
             seconds = grade(OLD_GRADER, args.out / "reports-old", args.workers, args.select,
-                            args.out / "grader-old.log", args.grade_timeout)
+                            args.out / "grader-old.log", args.grade_timeout, args.seed)
             print(f"old grader: {seconds:.0f} s", flush=True)
     official = json.loads((args.out / "official.json").read_text())
     graded = summarize(args.out / "reports")
