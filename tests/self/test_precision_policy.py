@@ -179,6 +179,25 @@ def test_course_tolerance_is_the_official_one():
     assert not compare("o", bf16["o"].float(), oracle["o"], fp32_plain["o"], 2.0, torch.float32).ok
 
 
+def test_max_bound_never_below_the_rounding_of_the_answer_itself():
+    """No bf16 answer can be closer to the oracle than the oracle rounded to bf16: the max bound's
+    floor is twice that (FlashAttention's own tests add the same). Gradients reach magnitudes
+    where a bf16 ulp is 4x ATOL; L, kept in float32, gets no such slack."""
+    torch.manual_seed(0)
+    oracle = (torch.randn(2, 64, 64, dtype=torch.float64) * 3)  # |dq| up to ~10: ulps of 2^-5
+    exact_baseline = oracle.float()  # a baseline (almost) exact, so the bound is its floor
+    rounded = oracle.to(torch.bfloat16)
+    one_ulp_off = rounded.clone()
+    one_ulp_off[0, 0, 0] = torch.nextafter(rounded[0, 0, 0].float(), torch.tensor(1e9)).bfloat16()
+    assert compare("dq", one_ulp_off, oracle, exact_baseline, 3.0, torch.bfloat16).ok
+    # but a systematic 2% error, a bug's size, is far outside it
+    assert not compare("dq", (oracle * 1.02).bfloat16(), oracle, exact_baseline, 3.0, torch.bfloat16).ok
+    # L is stored in float32: an L rounded to bf16 is judged against float32's (tiny) rounding
+    L = torch.randn(2, 64, dtype=torch.float64) + 7
+    assert not compare("L", L.bfloat16(), L, L.float(), 2.0, torch.bfloat16, torch.float32).ok
+    assert compare("L", L.float(), L, L.float(), 2.0, torch.bfloat16, torch.float32).ok
+
+
 def write_submission(folder: Path, **bug) -> Path:
     (folder / "cs336_systems").mkdir(parents=True)
     (folder / "cs336_systems" / "__init__.py").write_text("")
