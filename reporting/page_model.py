@@ -241,7 +241,9 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
         else:
             part = Part(key, label, as_number(info.get("score")), as_number(info.get("max_score")))
         if from_checks or not info:
-            part.graded = any(c.state != "not_here" for c in mine if c.state != "skipped") or not mine
+            # not graded: some of its checks need a GPU, and none of the others was graded either
+            part.graded = all(c.state != "not_here" for c in mine) or \
+                any(c.state not in ("not_here", "skipped") for c in mine)
         else:
             part.graded = info.get("graded") is not False
         if not from_checks and "advice_max_score" in info:

@@ -23,6 +23,10 @@ temporary file that then replaces it, so a reader never sees half of one):
   <sub>/results.json         the controller (assemble), when a submission's last check of the
                              session finishes and again at session end; its parts in the
                              rubric's order (the pages show them in that order).
+  <sub>/gradescope.json      assemble, right after results.json (reporting/gradescope.py: the same
+                             results, one test per rubric group), which is what Gradescope gets;
+                             also `python -m tests.grading.record_store --reports DIR`, which
+                             assembles from the check files after a run was killed (run_autograder).
   <sub>/index.html, index.html, grades.csv
                              the controller at session end (reporting.build_reports), or
                              `python -m reporting` run by hand, never both at once; written
@@ -48,6 +52,7 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from reporting import gradescope
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord
 from tests.grading.rubric import Rubric
 
@@ -240,7 +245,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                                                                         or "unknown error")})
         tests.append(r.to_gradescope())
     for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
-        part["graded"] = part["checks"] > part["not_graded_here"]
+        part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
     recorded = {r.nodeid for r in records}
     never_run = sorted(set(expected or ()) - recorded)
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
@@ -284,4 +289,27 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         "tests": tests,
     }
     write_json(folder / "results.json", results)
+    write_json(folder / "gradescope.json", gradescope.grouped(results, rubric))
     return results
+
+
+def main(argv=None) -> int:
+    """Assemble every submission under --reports from its check files: what a run killed before its
+    end (run_autograder's time limit) had recorded, each check file being written as its check ends.
+    Prints each submission's results.json output; exits 1 when no submission had a check file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m tests.grading.record_store", description=main.__doc__)
+    parser.add_argument("--reports", type=Path, required=True, help="the reports folder of the run")
+    parser.add_argument("--rubric", type=Path, default=None, help="the run's rubric (default: the default rubric)")
+    args = parser.parse_args(argv)
+    rubric = Rubric(args.rubric)
+    folders = sorted(d for d in args.reports.glob("*/checks") if d.is_dir())
+    for checks in folders:
+        results = assemble(args.reports, checks.parent.name, rubric)
+        print(f"{checks.parent.name}: {results['score']:g} / {results['max_score']:g}: {results['output']}")
+    return 0 if folders else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -210,7 +210,8 @@ def test_hostile_finding(class_run, name):
             problems.append(f"must_fail {pattern!r} matched no check")
         for key in keys:
             test = tests[key]
-            if test.get("status") != "failed" and test["extra_data"].get("outcome") != "skipped":
+            unscored = test["extra_data"].get("outcome") in ("skipped", "not_graded_here")
+            if test.get("status") != "failed" and not unscored:
                 problems.append(f"{key} should fail, got {test['status']}: {test['output'][:200]}")
             elif test.get("status") == "failed" and not (ON_GPU and key.startswith("memory::")):
                 # (on a GPU the memory checks warm up first, so their failure says 'setup')
@@ -231,7 +232,7 @@ def test_hostile_finding(class_run, name):
     for key, test in tests.items():  # anything else may only fail as not attempted (a slot it skips)
         if any(matches(key, p) for p in listed) or test.get("status") == "passed":
             continue
-        if test["extra_data"].get("outcome") not in ("not_attempted", "import_error"):
+        if test["extra_data"].get("outcome") not in ("not_attempted", "import_error", "not_graded_here"):
             problems.append(f"{key} failed unexpectedly: {test['output'][:300]}")
 
     log = graded["extra_data"]["runner_log_tail"]

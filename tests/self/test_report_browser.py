@@ -7,6 +7,7 @@ hook, which clicks the header, so the real click handler runs. Screenshots go to
 reports/screenshots/ for a person to look at.
 """
 import json
+import os
 import re
 import shutil
 import subprocess
@@ -183,3 +184,48 @@ def test_injected_student_output_stays_text(reports):
     assert "<img" not in page.dom and "<script" not in page.dom
     assert "&lt;script&gt;alert('pwned')&lt;/script&gt;" in page.dom
     assert 'aria-label="memory chart"' in page.dom
+
+
+# A real class: FA2_BROWSER_REPORTS=DIR names the reports of a grading run (the course corpus on a
+# GPU, say: notes/corpus-class.md). Its pages are rebuilt from its results.json with today's
+# templates into a copy, then read in the browser like the fixtures' and photographed.
+REAL = os.environ.get("FA2_BROWSER_REPORTS")
+
+
+@pytest.fixture(scope="module")
+def real_class(tmp_path_factory):
+    if not REAL:
+        pytest.skip("FA2_BROWSER_REPORTS is not set: no real class's reports to look at")
+    reports = tmp_path_factory.mktemp("real") / "reports"
+    for results in Path(REAL).glob("*/results.json"):
+        (reports / results.parent.name).mkdir(parents=True)
+        shutil.copyfile(results, reports / results.parent.name / "results.json")
+    build_reports(reports)
+    return reports
+
+
+def test_a_real_class_page(real_class):
+    names = sorted(p.parent.name for p in real_class.glob("*/results.json"))
+    page = load(real_class.joinpath("index.html").as_uri() + "#sort=score",
+                screenshot=SCREENSHOTS / "real-class.png", window=(1500, 2400))
+    assert page.console == []
+    assert sorted(class_order(page.dom)) == names  # every submission has its row
+    scores = [float(attrs["data-sort"]) for _, cells in table_rows(page.dom, "class-table")
+              for attrs, _ in cells[1:2]]
+    assert scores == sorted(scores)
+    filtered = load(real_class.joinpath("index.html").as_uri() + "#only=failing&part=flash_triton",
+                    screenshot=SCREENSHOTS / "real-class-triton-failing.png", window=(1500, 1600))
+    rows, parts = visible(filtered.dom)
+    assert filtered.console == [] and parts == ["flash_triton"] and set(rows) <= set(names)
+
+
+def test_a_real_student_page(real_class):
+    """The page of the class's lowest score among submissions that could be graded: the one a
+    TA opens first."""
+    graded = [json.loads(p.read_text()) for p in real_class.glob("*/results.json")]
+    worst = min((r for r in graded if not r["extra_data"].get("ungradable")), key=lambda r: r["score"])
+    name = worst["extra_data"]["submission"]
+    page = load(real_class.joinpath(name, "index.html").as_uri(),
+                screenshot=SCREENSHOTS / "real-student.png", window=(1280, 3000))
+    assert page.console == []
+    assert "Failed checks (" in page.dom and "Course requirements" in page.dom

@@ -1,0 +1,186 @@
+"""Gradescope's page for one submission: one test per rubric group, with Markdown output.
+
+results.json has a test per check (~180 of 0.1 to 1.33 points), which the HTML pages, grades.csv
+and bench/ read. Gradescope shows every test of the file it gets as a box, so `grouped` turns one
+results.json into the file Gradescope gets (record_store.assemble writes it as gradescope.json):
+a test per rubric group (~37), numbered in course order, that says how many of its checks passed
+and why the others did not, each diagnosis once with the cases that share it.
+
+The fields and their values are Gradescope's autograder specification,
+https://gradescope-autograders.readthedocs.io/en/latest/specs/ ("Output format", "Test case
+status", "Output String Formatting"), and for `leaderboard`
+https://gradescope-autograders.readthedocs.io/en/latest/leaderboards/.
+
+results.json is read through CheckRecord.from_gradescope, which never raises on an old or
+malformed entry. `rubric` is tests/grading/rubric.py's Rubric, passed in rather than imported:
+`reporting` is the installed package and `tests` is not.
+"""
+from .record import NOT_GRADED_HERE, UNSETTLED, CheckRecord, as_dict, as_number, as_text
+
+MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
+MAX_CASES = 6  # cases named on one line; the rest are counted
+# How the words of a group's key read in its test's name; any other word reads with "_" as a space.
+WORDS = {"course": "official tests", "handout": "handout shapes", "no_sdpa": "no SDPA", "runs_on_cuda": "runs on CUDA",
+         "uses_triton": "uses Triton"}
+FORMATTING = set("\\`*_[]|~#")  # Markdown that would format a student's text (< > & become entities)
+
+
+def escape(text) -> str:
+    """Student-influenced text (a diagnosis may quote the submission's error message) as plain
+    Markdown on one line. Gradescope sanitizes HTML in "md" output but renders what is left, so
+    < > & become entities as well."""
+    text = " ".join(as_text(text).split()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    return "".join("\\" + c if c in FORMATTING else c for c in text)
+
+
+def code(text: str) -> str:
+    return f"`{text}`" if text and "`" not in text else escape(text)
+
+
+def group_name(key: str, labels: dict, advice: bool) -> str:
+    """"flash_triton.forward.robustness" -> "Triton FA2 — forward, robustness (advice)"."""
+    part, *words = key.split(".")
+    said = [labels.get(w) or WORDS.get(w) or w.replace("_", " ") for w in words if w]
+    return f"{labels.get(part, part)} — {', '.join(said) or 'all checks'}" + (" (advice)" if advice else "")
+
+
+def status(records: list) -> str | None:
+    """failed if any check failed; passed if every check passed (or does not apply); None when the
+    rest were not graded (a grader error, a check that needs a GPU), as CheckRecord.to_gradescope
+    does per check. With no status Gradescope judges the test by its score."""
+    if any(r.outcome not in ("passed", "skipped", *UNSETTLED) for r in records):
+        return "failed"
+    return "passed" if records and all(r.passed for r in records) else None
+
+
+def reason(r: CheckRecord) -> str:
+    first_line = r.output.partition("\n")[0]
+    if r.outcome == NOT_GRADED_HERE:
+        return r.diagnosis or first_line or "not graded here: it needs a GPU"
+    return r.diagnosis or first_line or r.outcome.replace("_", " ")
+
+
+def group_output(records: list) -> str:
+    """Markdown: how many checks passed, then each failure's diagnosis with the cases it covers,
+    then the checks not graded and why; at most MAX_LINES of those."""
+    if not records:
+        return ("**Not graded yet**: no check of this group was recorded before the grading run stopped; "
+                "its points count 0 until it is regraded.")
+    applying = [r for r in records if r.outcome != "skipped"]
+    if not applying:
+        return "Does not apply to this submission: " + escape(reason(records[0]))
+    passed, n = sum(r.outcome == "passed" for r in applying), len(applying)
+    waiting = sum(r.outcome in UNSETTLED for r in applying)
+    if passed == n:
+        head = "The check passed." if n == 1 else f"All {n} checks passed."
+    else:
+        head = f"{passed} of {n} check{'s' * (n > 1)} passed" + (f"; {waiting} not graded yet." if waiting else ".")
+    lines = [f"**{head}**"]
+    several_checks = len({r.check for r in records}) > 1
+    label = lambda r: code(f"{r.check}[{r.case}]" if several_checks and r.case else r.case or r.check)
+    shown = left = 0
+    for title, rows in (("Failed", [r for r in applying if r.outcome not in ("passed", *UNSETTLED)]),
+                        ("Not graded", [r for r in applying if r.outcome in UNSETTLED])):
+        by_reason = {}  # one line per diagnosis, its cases in the order met
+        for r in rows:
+            by_reason.setdefault(reason(r), []).append(r)
+        if rows:
+            lines += ["", f"{title} ({len(rows)}):"]
+        for why, same in by_reason.items():
+            if shown == MAX_LINES:
+                left += len(same)
+                continue
+            more = f" and {len(same) - MAX_CASES} more" if len(same) > MAX_CASES else ""
+            lines.append(f"- {', '.join(label(r) for r in same[:MAX_CASES])}{more}: {escape(why)}")
+            shown += 1
+    if left:
+        lines.append(f"- _...and {left} more checks, listed in the grader's HTML report (course staff have it)._")
+    return "\n".join(lines)
+
+
+def summary(results: dict) -> str:
+    """The top-level output: results.json's sentence (which starts "incomplete: N of M checks
+    graded" or "provisional: ..." when the total is not final), then a line per part."""
+    lines = [escape(results.get("output"))]
+    for part in as_dict(as_dict(results.get("extra_data")).get("parts")).values():
+        part = as_dict(part)
+        score, most = as_number(part.get("score")), as_number(part.get("max_score"))
+        needs_gpu = part.get("graded") is False and as_number(part.get("not_graded_here")) > 0
+        graded = " (not graded here: it needs a GPU)" if needs_gpu else ""
+        lines.append(f"- {escape(part.get('label'))}: {score:.4g} / {most:.4g}{graded}")
+    return "\n".join(lines[:1] + [""] + lines[1:]) if len(lines) > 1 else lines[0]
+
+
+def leaderboard(records: list) -> list:
+    """The Triton timing budget's figures, when that check ran (on a GPU only) and passed; lower is
+    better. Gradescope shows them only where the assignment enables its leaderboard."""
+    for r in records:
+        timing = as_dict(r.timing)
+        ms, ratio = as_number(timing.get("student_ms"), 0.0), as_number(timing.get("ratio"), 0.0)
+        if (r.part, r.check, r.outcome) == ("timing", "flash_triton", "passed") and ms > 0:
+            return ([{"name": "Triton fwd+bwd ms", "value": round(ms, 3), "order": "asc"}]
+                    + ([{"name": "time / reference", "value": round(ratio, 3), "order": "asc"}] if ratio > 0 else []))
+    return []
+
+
+def grouped(results: dict, rubric) -> dict:
+    """Gradescope's results dict with one test per rubric group, from one results.json dict."""
+    extra = as_dict(results.get("extra_data"))
+    tests = [t for t in results.get("tests") or [] if isinstance(t, dict)]
+    records = []
+    for test in tests:
+        r = CheckRecord.from_gradescope(test, as_text(extra.get("submission")))
+        r.group = (as_text(as_dict(test.get("extra_data")).get("group"))
+                   or rubric.group_of(r.part, r.check, r.tier).rstrip("."))
+        records.append(r)
+
+    # Groups in course order: the rubric's, then any group it does not know, in the order met.
+    by_group = {key: [] for key in rubric.groups}
+    for r in records:
+        by_group.setdefault(r.group, []).append(r)
+    # A rubric group with no check counts its points in the maximum (assemble: never recorded), so
+    # it gets a test too; unless the file adds up without it (another rubric made the file).
+    unrecorded = as_number(results.get("max_score")) - sum(r.max_score for r in records) > 1e-3
+    by_group = {key: rs for key, rs in by_group.items() if rs or (unrecorded and rubric.points(key) > 0)}
+    # Parts as results.json lists them (the rubric's order), then any other.
+    labels = {**rubric.parts, **{p: as_text(as_dict(v).get("label")) or p
+                                 for p, v in as_dict(extra.get("parts")).items()}}
+    parts = dict.fromkeys([*as_dict(extra.get("parts")), *rubric.parts, *(k.split(".")[0] for k in by_group)])
+    parts = [p for p in parts if any(k.split(".")[0] == p for k in by_group)]  # numbered without gaps
+
+    gradescope_tests = []
+    for part_number, part in enumerate(parts, 1):
+        for number, key in enumerate([k for k in by_group if k.split(".")[0] == part], 1):
+            rs = by_group[key]
+            known = key in rubric.groups or not rs
+            advice = rubric.advice(key) if known else any(r.advice for r in rs)
+            score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
+            if known and (most > 0 or not rs):  # the group's points, not a sum of shares rounded per check
+                score, most = rubric.points(key) * (score / most if most else 0.0), rubric.points(key)
+            test = {
+                "number": f"{part_number}.{number}",
+                "name": group_name(key, labels, advice),
+                "score": round(score, 4), "max_score": round(most, 4),
+                "status": status(rs),
+                "output": group_output(rs), "output_format": "md",
+                "tags": [part, *key.split(".")[2:3]] + (["advice"] if advice else []),
+                "visibility": rubric.visibility(key) if known else rs[0].visibility,
+                "extra_data": {"group": key, "part": part, "source": rubric.source(key) if known else rs[0].source,
+                               "advice": advice,
+                               "checks": [{"name": r.name, "outcome": r.outcome, "score": r.score,
+                                           "max_score": r.max_score, "diagnosis": r.diagnosis, "case": r.case}
+                                          for r in rs]},
+            }
+            if test["status"] is None:
+                del test["status"]
+            gradescope_tests.append(test)
+
+    out = {"score": as_number(results.get("score")), "max_score": as_number(results.get("max_score")),
+           "execution_time": as_number(results.get("execution_time")),
+           "output": summary(results), "output_format": "md", "test_output_format": "md", "test_name_format": "text",
+           "visibility": as_text(results.get("visibility")) or "visible",
+           "stdout_visibility": as_text(results.get("stdout_visibility")) or "hidden",
+           "extra_data": extra, "tests": gradescope_tests}
+    if board := leaderboard(records):
+        out["leaderboard"] = board
+    return out

@@ -1,0 +1,259 @@
+"""What Gradescope gets: one test per rubric group (reporting/gradescope.py), valid against its
+specification, and partial credit when the autograder's time limit kills a run.
+
+- The grouped file: numbered in course order, adding up to the total, a failing group listing
+  its failed cases with their diagnoses, no status where checks were not graded, Markdown in a
+  student's text escaped, and every field of Gradescope's results.json specification valid.
+- `python -m tests.grading.record_store --reports DIR` assembles check files with no results.json.
+- run_autograder, with a stand-in for pytest that records checks and is then killed by the time
+  limit (a real grading run takes minutes): the student gets the checks recorded, marked incomplete.
+"""
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import yaml
+
+from reporting import gradescope
+from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
+from tests.grading import record_store
+from tests.grading.rubric import Rubric
+from tests.self.fixtures.make_results import rubric_text
+
+ROOT = Path(__file__).resolve().parents[2]
+FIXTURES = ROOT / "tests" / "self" / "fixtures" / "results"
+NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "results.json").is_file())
+MOD = "tests/grading/test_flash.py"
+
+# Gradescope's results.json, as https://gradescope-autograders.readthedocs.io/en/latest/specs/ lists
+# it ("Output format", "Controlling Test Case Visibility", "Test case status", "Output String
+# Formatting") and .../leaderboards/. Its fields only: a misspelt key would be dropped by Gradescope
+# without a word, so it fails here. One addition: the top-level max_score (results.json has always
+# carried it; the spec has none at the top level, Gradescope totals the tests' max_score).
+VISIBILITY = {"enum": ["hidden", "after_due_date", "after_published", "visible"]}
+FORMAT = {"enum": ["text", "html", "simple_format", "md", "ansi"]}
+NUMBER = {"type": "number"}
+TEST = {"type": "object", "additionalProperties": False, "properties": {
+    "score": NUMBER, "max_score": NUMBER, "status": {"enum": ["passed", "failed"]},
+    "name": {"type": "string"}, "name_format": FORMAT, "number": {"type": "string"},
+    "output": {"type": "string"}, "output_format": FORMAT,
+    "tags": {"type": "array", "items": {"type": "string"}}, "visibility": VISIBILITY,
+    "extra_data": {"type": "object"}}}
+LEADER = {"type": "object", "additionalProperties": False, "required": ["name", "value"], "properties": {
+    "name": {"type": "string"}, "value": {"type": ["number", "string"]}, "order": {"enum": ["asc", "desc"]}}}
+SPEC = {"type": "object", "additionalProperties": False, "required": ["score", "tests"], "properties": {
+    "score": NUMBER, "max_score": NUMBER, "execution_time": NUMBER, "output": {"type": "string"},
+    "output_format": FORMAT, "test_output_format": FORMAT, "test_name_format": FORMAT,
+    "visibility": VISIBILITY, "stdout_visibility": VISIBILITY, "extra_data": {"type": "object"},
+    "tests": {"type": "array", "items": TEST}, "leaderboard": {"type": "array", "items": LEADER}}}
+
+
+@pytest.fixture(scope="module")
+def fixture_rubric(tmp_path_factory):
+    """The rubric the fixtures were assembled with (tests/self/fixtures/make_results.py)."""
+    text = rubric_text()
+    path = tmp_path_factory.mktemp("rubric") / "rubric.yaml"
+    path.write_text(text)
+    return Rubric(path, known_groups=tuple(yaml.safe_load(text)["groups"]))
+
+
+@pytest.fixture(scope="module")
+def results():
+    return {name: json.loads((FIXTURES / name / "results.json").read_text()) for name in NAMES}
+
+
+@pytest.fixture(scope="module")
+def grouped(results, fixture_rubric):
+    return {name: gradescope.grouped(results[name], fixture_rubric) for name in NAMES}
+
+
+def test_one_test_per_group_numbered_in_course_order(grouped, results, fixture_rubric):
+    for name, out in grouped.items():
+        groups = [t["extra_data"]["group"] for t in out["tests"]]
+        assert groups and sorted(groups) == sorted(set(fixture_rubric.groups)), name  # each group once
+        numbers = [tuple(map(int, t["number"].split("."))) for t in out["tests"]]
+        assert numbers == sorted(set(numbers)), name  # unique and in order
+        # Parts numbered in results.json's order (the rubric's), groups in the rubric's order.
+        parts = list(results[name]["extra_data"]["parts"])
+        assert [parts[n - 1] for n, _ in numbers] == [g.split(".")[0] for g in groups]
+        order = list(fixture_rubric.groups)
+        assert groups == sorted(groups, key=lambda g: (parts.index(g.split(".")[0]), order.index(g)))
+    first = grouped["bob"]["tests"][0]
+    assert (first["number"], first["name"]) == ("1.1", "PyTorch FA2 — forward, official tests")
+
+
+def test_group_scores_add_up_to_the_total(grouped, results, fixture_rubric):
+    for name, out in grouped.items():
+        assert sum(t["score"] for t in out["tests"]) == pytest.approx(results[name]["score"], abs=1e-3), name
+        assert sum(t["max_score"] for t in out["tests"]) == pytest.approx(results[name]["max_score"], abs=1e-3)
+        assert (out["score"], out["max_score"]) == (results[name]["score"], results[name]["max_score"])
+        for t in out["tests"]:
+            assert t["max_score"] == pytest.approx(fixture_rubric.points(t["extra_data"]["group"]))
+
+
+def test_a_failing_group_lists_its_failed_cases_with_their_diagnoses(grouped, results):
+    test = next(t for t in grouped["bob"]["tests"] if t["extra_data"]["group"] == "flash_triton.forward.robustness")
+    assert test["status"] == "failed" and test["output_format"] == "md" and test["visibility"] == "after_due_date"
+    assert test["output"].startswith("**1 of 7 checks passed.**")
+    failed = [t for t in results["bob"]["tests"]
+              if "::flash_triton::forward[" in t["name"] and t["extra_data"]["tier"] == "robustness"
+              and t["status"] == "failed"]
+    diagnoses = {t["extra_data"]["diagnosis"] for t in failed}
+    assert len(failed) == 6 and len(diagnoses) == 1  # one diagnosis, said once, with the six cases
+    line = next(line for line in test["output"].splitlines() if line.startswith("- "))
+    assert all(f"`{t['extra_data']['case']}`" in line for t in failed)
+    assert line.endswith(gradescope.escape(diagnoses.pop()))
+    assert {c["outcome"] for c in test["extra_data"]["checks"]} == {"passed", "failed"}
+    assert test["extra_data"]["advice"] is True and "robustness" in test["tags"]
+    # A group that passed says so, and carries its checks for staff, without the heatmaps.
+    passed = next(t for t in grouped["bob"]["tests"] if t["extra_data"]["group"] == "flash_pytorch.forward.course")
+    assert passed["status"] == "passed" and passed["output"] == "**All 2 checks passed.**"
+    assert "heatmap" not in json.dumps(grouped["bob"]["tests"])
+
+
+def test_long_outputs_are_capped(fixture_rubric):
+    records = [CheckRecord("s", "flash_pytorch", "forward", case=f"c{i}", tier="course", outcome="failed",
+                           diagnosis=f"reason {i // 2}", score=0.0, max_score=0.1) for i in range(80)]
+    output = gradescope.group_output(records)
+    assert len(output.splitlines()) <= gradescope.MAX_LINES + 5
+    assert "`c0`, `c1`: reason 0" in output
+    assert f"...and {80 - 2 * gradescope.MAX_LINES} more checks" in output
+    many = gradescope.group_output(records[:1] * 9)
+    assert f"and {9 - gradescope.MAX_CASES} more: reason 0" in many
+
+
+def test_groups_with_unsettled_checks_have_no_status(tmp_path, grouped):
+    # Needs a GPU (erin was graded on a CPU): no status, the reason said.
+    erin = {t["extra_data"]["group"]: t for t in grouped["erin"]["tests"]}
+    assert "status" not in erin["memory.peak_scaling.course"]
+    assert "not graded here: it needs a CUDA GPU" in erin["memory.peak_scaling.course"]["output"]
+    assert grouped["erin"]["output"].startswith("provisional: 6 checks")
+    # A grader error, written and assembled as the plugin does: assemble writes gradescope.json too.
+    rubric = Rubric()
+    for case, outcome in (("a", "passed"), ("b", GRADER_ERROR)):
+        record_store.write_check(tmp_path, CheckRecord(
+            "alice", "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
+            outcome=outcome, nodeid=f"{MOD}::test_forward[alice-pytorch-{case}]",
+            diagnosis=grader_error_diagnosis(["KeyError: 'o'"]) if outcome == GRADER_ERROR else ""))
+    record_store.assemble(tmp_path, "alice", rubric, expected=None, modules=None)
+    out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
+    test = next(t for t in out["tests"] if t["extra_data"]["group"] == "flash_pytorch.forward.course")
+    assert "status" not in test and "1 not graded yet" in test["output"]
+    assert "the grader itself failed" in test["output"]
+    assert out["output"].startswith("incomplete: 1 of 2 checks graded")
+
+
+def test_markdown_in_student_text_is_escaped(fixture_rubric):
+    hostile = "raised `x` *boom* _u_ [link](http://x) <img src=x onerror=alert(1)> | ~~s~~ # & \\ \n## title"
+    assert gradescope.escape(hostile) == (
+        r"raised \`x\` \*boom\* \_u\_ \[link\](http://x) &lt;img src=x onerror=alert(1)&gt; \| \~\~s\~\~ \# &amp; "
+        r"\\ \#\# title")
+    results = {"score": 0, "max_score": 1, "output": "<b>all</b> *good*", "tests": [
+        {"name": "s::flash_pytorch::forward[c]", "score": 0, "max_score": 1, "status": "failed",
+         "extra_data": {"part": "flash_pytorch", "check": "forward", "case": "c", "tier": "course",
+                        "outcome": "error", "diagnosis": hostile}}]}
+    out = gradescope.grouped(results, fixture_rubric)
+    test = next(t for t in out["tests"] if t.get("status") == "failed")
+    assert "<img" not in test["output"] and "`x`" not in test["output"] and "\n## title" not in test["output"]
+    assert gradescope.escape(hostile) in test["output"]
+    assert out["output"] == "&lt;b&gt;all&lt;/b&gt; \\*good\\*"
+
+
+def test_leaderboard_from_the_triton_timing_budget(fixture_rubric):
+    timing = {"student_ms": 12.3456, "reference_ms": 10.0, "ratio": 1.23456, "budget": 3.0}
+    test = {"name": "s::timing::flash_triton[bf16-4096x4096-d64-causal]", "score": 1, "max_score": 1,
+            "status": "passed", "extra_data": {"part": "timing", "check": "flash_triton", "tier": "timing",
+                                               "outcome": "passed", "timing": timing}}
+    out = gradescope.grouped({"score": 1, "max_score": 1, "tests": [test]}, fixture_rubric)
+    assert out["leaderboard"] == [{"name": "Triton fwd+bwd ms", "value": 12.346, "order": "asc"},
+                                  {"name": "time / reference", "value": 1.235, "order": "asc"}]
+    test["extra_data"]["outcome"] = "not_graded_here"  # a CPU run: no figures, no leaderboard
+    assert "leaderboard" not in gradescope.grouped({"score": 0, "tests": [test]}, fixture_rubric)
+
+
+def test_valid_against_gradescope_results_specification(grouped, fixture_rubric):
+    jsonschema = pytest.importorskip("jsonschema")  # a test-only need
+    timing = {"part": "timing", "check": "flash_triton", "tier": "timing", "outcome": "passed",
+              "timing": {"student_ms": 5.0, "ratio": 1.1}}
+    with_board = gradescope.grouped({"score": 1, "tests": [{"name": "s::timing::flash_triton", "extra_data": timing}]},
+                                    fixture_rubric)
+    assert "leaderboard" in with_board
+    for out in [*grouped.values(), with_board, gradescope.grouped({}, Rubric())]:
+        jsonschema.validate(out, SPEC)
+        json.dumps(out, allow_nan=False)  # plain JSON: no NaN or Infinity
+    with pytest.raises(jsonschema.ValidationError):  # the schema does catch a wrong value
+        jsonschema.validate({**grouped["bob"], "visibility": "after_deadline"}, SPEC)
+
+
+# -- partial credit after a killed run --------------------------------------------------------------
+
+def write_partial_run(reports: Path, submission="alice", recorded=("a", "b", "c"), expected=("a", "b", "c", "d")):
+    """What a run killed mid-way leaves: collected.json and a check file per finished check, no results."""
+    nodeid = lambda case: f"{MOD}::test_forward[{submission}-pytorch-{case}]"
+    record_store.update_collected(reports, submission, [nodeid(c) for c in expected], {MOD})
+    for case in recorded:
+        record_store.write_check(reports, CheckRecord(
+            submission, "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
+            outcome="failed" if case == "c" else "passed", diagnosis="wrong" if case == "c" else "",
+            nodeid=nodeid(case)))
+
+
+def test_record_store_command_assembles_check_files(tmp_path):
+    write_partial_run(tmp_path)
+    assert not (tmp_path / "alice" / "results.json").exists()
+    run = subprocess.run([sys.executable, "-m", "tests.grading.record_store", "--reports", str(tmp_path)],
+                         cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "alice:" in run.stdout and "incomplete: 3 of 4 checks graded" in run.stdout
+    results = json.loads((tmp_path / "alice" / "results.json").read_text())
+    out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
+    assert out["score"] == results["score"] > 0 and out["output"].startswith("incomplete: 3 of 4 checks graded")
+    empty = subprocess.run([sys.executable, "-m", "tests.grading.record_store", "--reports", str(tmp_path / "none")],
+                           cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert empty.returncode == 1  # nothing recorded: run_autograder falls back to its own results.json
+
+
+# Stands in for the Python run_autograder calls: `-m pytest` leaves what a killed run leaves (the
+# check files in $PREPARED) and hangs until the time limit kills it; anything else (the
+# record_store command, the final copy) is the real Python.
+FAKE_PYTHON = textwrap.dedent('''\
+    #!/usr/bin/env bash
+    if [[ "$1 $2" == "-m pytest" ]]; then
+        for arg in "$@"; do [[ $arg == --reports=* ]] && reports=${arg#--reports=}; done
+        cp -r "$PREPARED/." "$reports/"
+        exec sleep 60
+    fi
+    exec "$REAL_PYTHON" "$@"
+    ''')
+
+
+@pytest.mark.parametrize("recorded", [True, False])
+def test_run_autograder_gives_partial_credit_on_a_timeout(tmp_path, recorded):
+    ag = tmp_path / "autograder"
+    (ag / "source").mkdir(parents=True)
+    (ag / "source" / "grader").symlink_to(ROOT)
+    (ag / "submission").mkdir()
+    (ag / "submission" / "adapters.py").write_text("")
+    prepared = tmp_path / "prepared"
+    prepared.mkdir()
+    if recorded:
+        write_partial_run(prepared, "submission")  # run_autograder grades its copy, named "submission"
+    fake = tmp_path / "python"
+    fake.write_text(FAKE_PYTHON)
+    fake.chmod(0o755)
+    env = {**os.environ, "AUTOGRADER_ROOT": str(ag), "GRADER_PYTHON": str(fake), "REAL_PYTHON": sys.executable,
+           "PREPARED": str(prepared), "GRADER_TIME_LIMIT": "2", "TMPDIR": str(tmp_path)}
+    subprocess.run([str(ROOT / "integrations" / "gradescope" / "run_autograder")], env=env, cwd=tmp_path,
+                   capture_output=True, text=True, timeout=180, check=True)
+    out = json.loads((ag / "results" / "results.json").read_text())
+    if not recorded:  # nothing to assemble: the fallback, a valid file saying why
+        assert out["tests"] == [] and out["score"] == 0 and "did not finish within 2 s" in out["output"]
+        return
+    assert out["output"].startswith("**Grading stopped at the autograder's time limit (2 s)**")
+    assert "incomplete: 3 of 4 checks graded" in out["output"]
+    assert out["score"] > 0 and len(out["tests"]) == len(Rubric().groups)  # grouped, with what was earned
+    pytest.importorskip("jsonschema").validate(out, SPEC)
