@@ -156,7 +156,11 @@ def grouped(results: dict, rubric) -> dict:
             advice = rubric.advice(key) if known else any(r.advice for r in rs)
             score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
             if known and (most > 0 or not rs):  # the group's points, not a sum of shares rounded per check
-                score, most = rubric.points(key) * (score / most if most else 0.0), rubric.points(key)
+                points = rubric.points(key)
+                # ... unless its recorded checks hold less than its points (a run stopped early, whose
+                # unrun checks keep their shares): then what they earned, never scaled up
+                whole = abs(most - points) <= 1e-3 * max(1, len(rs))
+                score, most = (points * score / most if whole and most else score), points
             test = {
                 "number": f"{part_number}.{number}",
                 "name": group_name(key, labels, advice),

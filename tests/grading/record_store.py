@@ -189,6 +189,11 @@ def current_records(folder: Path, expected=None, modules=None) -> list:
     return list(newest.values())
 
 
+def _function(nodeid: str) -> str:
+    """"tests/grading/test_flash.py::test_forward[alice-...]" -> "tests/grading/test_flash.py::test_forward"."""
+    return nodeid.split("[", 1)[0]
+
+
 def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None) -> dict:
     """Score every current check of one submission and write reports/<submission>/results.json.
 
@@ -211,16 +216,31 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     applying = [r for r in records if r.outcome != "skipped"]
     group_sizes = Counter(r.group for r in applying)
     skipped_groups = {r.group for r in records} - set(group_sizes)
+    # A run stopped early (a time limit, -x) leaves tests never run, whose groups nobody knows
+    # until they run. Each is counted in every group its test function's recorded checks belong
+    # to, so a group's recorded checks never share out points that unrun ones may yet earn: partial
+    # credit errs low, never high (the total says it is incomplete either way).
+    recorded = {r.nodeid for r in records}
+    never_run = sorted(set(expected or ()) - recorded)
+    groups_of_function = {}
+    for r in applying:
+        groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
+    unrecorded = Counter(g for n in never_run for g in groups_of_function.get(_function(n), ()))
+    group_sizes.update(unrecorded)
     parts = {key: {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
              for key, label in rubric.parts.items()}  # in the rubric's order: the pages show them so
     for group in rubric.groups:
-        if group not in skipped_groups and group not in group_sizes:  # no check of it was recorded
+        if group in skipped_groups:
+            continue
+        # the points no recorded check of the group holds: all of them, or the unrun checks' share
+        waiting = rubric.points(group) * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
+        if waiting:
             part = parts.setdefault(group.split(".")[0], {"label": group.split(".")[0], "score": 0.0,
                                                           "max_score": 0.0, "checks": 0, "not_graded_here": 0})
-            part["max_score"] += rubric.points(group)
+            part["max_score"] += waiting
             if rubric.advice(group):
                 part["advice_score"] = part.get("advice_score", 0.0)
-                part["advice_max_score"] = part.get("advice_max_score", 0.0) + rubric.points(group)
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + waiting
     tests = []
     ungraded = []
     for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
@@ -246,8 +266,6 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         tests.append(r.to_gradescope())
     for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
         part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
-    recorded = {r.nodeid for r in records}
-    never_run = sorted(set(expected or ()) - recorded)
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
                  for n in never_run]
     total = len(records) + len(never_run)

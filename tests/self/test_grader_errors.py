@@ -342,6 +342,21 @@ def test_assemble_counts_only_current_records(tmp_path):
     assert [u["nodeid"] for u in graded["extra_data"]["ungraded"]] == sorted(ids("c"))
 
 
+def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
+    """A run stopped after 1 of 4 forward checks: that check earns its quarter of the group, not
+    the group's whole points, and the maximum stays the rubric's (the unrun three hold theirs)."""
+    rubric = Rubric()
+    ran = record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]")
+    record_store.write_check(tmp_path, ran)
+    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c", "d"), modules={MOD})
+    points = rubric.points("flash_pytorch.forward.course")
+    assert graded["score"] == pytest.approx(points / 4) and graded["max_score"] == pytest.approx(rubric.total())
+    assert graded["extra_data"]["incomplete"] is True
+    grouped = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
+    forward = next(t for t in grouped["tests"] if t["extra_data"]["group"] == "flash_pytorch.forward.course")
+    assert forward["score"] == pytest.approx(points / 4, abs=1e-3) and forward["max_score"] == points
+
+
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
     nodeid = f"{MOD}::test_forward[alice-pytorch-a]"
     record_store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
