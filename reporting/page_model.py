@@ -78,6 +78,15 @@ class SubmissionReport:
     checks_expected: int | None = None
     # Provisional: some checks need a GPU and were not graded on this machine; they count 0 for now.
     provisional: bool = False
+    # How the runner was confined: {"mode": "namespace" | "uid" | "none", "note": a sentence}, or
+    # {} when results.json does not say (an older grader, or no runner started).
+    isolation: dict = field(default_factory=dict)
+
+    @property
+    def isolated(self):
+        """False when the student's code ran with the grader's own rights; None when unknown."""
+        mode = as_text(self.isolation.get("mode"))
+        return None if not mode else mode != "none"
     student_id: str | None = None  # a group's joined with ", ", like `student`
     email: str | None = None
     students: list = field(default_factory=list)  # [{"name", "sid", "email"}] (None where unknown), one a member
@@ -312,6 +321,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
         provisional=extra.get("provisional") is True or any(c.state == "not_here" for c in checks),
+        isolation={k: as_text(v) for k, v in as_dict(extra.get("isolation")).items() if k in ("mode", "note")},
     )
 
 

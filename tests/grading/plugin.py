@@ -187,6 +187,8 @@ class Grading:
         facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
         facts.update({k: v for k, v in {"ungradable": ungradable, "runner_log_tail": runner.log_tail()}.items()
                       if v is not None})
+        # Which confinement held the student's code, for the report to say in words (never silently).
+        facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
 
     def forget(self, name: str):
         """Drop a submission's cached replies and close its runners: a retry starts afresh."""
@@ -451,7 +453,7 @@ class GradingPlugin:
             problem = next((s.problem for s in self.state.submissions if s.name == name), None)
             info["ungradable"] = problem
             info.pop("runner_log_tail", None)
-        info.update({k: facts[k] for k in ("ungradable", "runner_log_tail") if facts.get(k) is not None})
+        info.update({k: facts[k] for k in ("ungradable", "runner_log_tail", "isolation") if facts.get(k) is not None})
         record_store.write_info(self.state.reports, name, info)
 
     def _save_collected(self):

@@ -301,6 +301,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                        "environment": info.get("environment", {}), "parts": parts,
                        "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
                        "runner_log_tail": info.get("runner_log_tail", ""),
+                       "isolation": info.get("isolation"),
                        "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
                        "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},

@@ -659,3 +659,24 @@ def test_malformed_source_fields_do_not_break_the_page(tmp_path):
     assert "Advice (beyond the handout)" in page and 'title="judged at 32 precision">32</span>' in page
     csv_text = (reports / "grades.csv").read_text()
     assert csv_text.splitlines()[0].endswith(",seed,flash_triton_requirements,flash_triton_advice,notes,complete")
+
+
+def test_isolation_is_said_in_words_never_silently(tmp_path):
+    """A runner that held the student's code with the grader's own rights is named on its page and
+    counted in red on the class page; one that was confined is named too; an older file says —."""
+    reports = tmp_path / "reports"
+    shutil.copytree(FIXTURES, reports)
+    notes = {"alice": {"mode": "namespace", "note": "runner isolated: its own uid, a root of its own"},
+             "bob": {"mode": "none", "note": "runner NOT isolated: the grader is not root, so it can read and "
+                                             "write what the grader's user can"}}
+    for name, isolation in notes.items():
+        path = reports / name / "results.json"
+        data = json.loads(path.read_text())
+        data["extra_data"]["isolation"] = isolation
+        path.write_text(json.dumps(data))
+    build_reports(reports)
+    assert "<dd>runner isolated: its own uid, a root of its own</dd>" in (reports / "alice" / "index.html").read_text()
+    assert '<dd class="text-bad">runner NOT isolated: the grader is not root' in \
+        (reports / "bob" / "index.html").read_text()
+    assert "<dt>isolation</dt><dd>—</dd>" in (reports / "carol" / "index.html").read_text()
+    assert "1 graded with their code NOT isolated" in (reports / "index.html").read_text()
