@@ -149,7 +149,8 @@ def test_grader_error_is_retried_once_then_unscored(broken_then_regraded):
     assert "tests/grading/test_flash.py" in attempts[0] or "throwaway_plugin" in attempts[0]
     # The forward's share of the group is withheld, not handed to the backward.
     assert tests[BACKWARD]["status"] == "passed" and tests[BACKWARD]["max_score"] > 0
-    assert graded["score"] == tests[BACKWARD]["score"] and graded["max_score"] == pytest.approx(Rubric().total())
+    assert graded["score"] == pytest.approx(tests[BACKWARD]["score"], abs=1e-3)  # (each rounded apart)
+    assert graded["max_score"] == pytest.approx(Rubric().total())
     extra = graded["extra_data"]
     assert extra["incomplete"] is True
     assert FORWARD in [u["name"] for u in extra["ungraded"]]
