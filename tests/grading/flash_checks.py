@@ -1,5 +1,6 @@
-"""What the FlashAttention checks share: the runner call for one case, the float64 oracles, and
-how a call that went wrong ends a check.
+"""What the FlashAttention checks share: the runner call for one case, the float64 oracles, the
+timing of a runner call (also bench/calibrate_budgets.py's), and how a call that went wrong ends
+a check.
 
 test_flash.py, test_memory.py and test_timing.py import from here; no check imports another
 check module.
@@ -51,6 +52,18 @@ def run_case(grading, submission, slot, case, warmup=False, device=None):
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
     return grading.call_cached(submission, ("flash", slot, case, device), request,
                                flash_timeout(grading, slot, device), what)
+
+
+def median_ms(runner, request, timeout, budget):
+    """Median over `repeats` runner calls of the time per forward+backward, timed from outside."""
+    times, reply = [], None
+    for r in range(budget["repeats"]):
+        seeds = [request["seed"] + 1000 * r + i for i in range(budget["iters"])]
+        reply = runner.call({**request, "seeds": seeds}, timeout)
+        if not reply.ok:
+            return None, reply
+        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / budget["iters"])
+    return sorted(times)[len(times) // 2], reply
 
 
 # -- refusing a head dim the handout does not promise -------------------------------------------

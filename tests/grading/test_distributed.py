@@ -22,7 +22,6 @@ One spawn per DDP flavour (all its models) and one for all the sharded scenarios
 between the checks (distributed_checks.distributed_call). Helpers the FSDP checks use too live
 in tests/grading/distributed_checks.py.
 """
-import math
 
 import pytest
 import torch
@@ -33,6 +32,9 @@ from tests.grading.distributed_checks import (
     WORLD_SIZE,
     close,
     distributed_call,
+    judge_buffers,
+    judge_state_balanced,
+    judge_state_sharded,
     max_diff,
     names,
     one_thread,
@@ -54,7 +56,6 @@ SHARDED_SCENARIOS = {
     "adamw-add-group": {"optimizer": "AdamW", "kwargs": {"lr": 1e-2, "weight_decay": 0.1},
                         "held_out": ["fc3.weight", "fc3.bias"], "add_after": 3},
 }
-STATE_SLACK = 16  # elements: room for a few scalar state entries
 
 
 # -- the runs ---------------------------------------------------------------------------------
@@ -281,38 +282,6 @@ def test_ddp_broadcast(grading, submission, check, flavour):
                         for m in unchecked))
 
 
-def judge_buffers(want: dict, got: list, later: list, own: list):
-    """(failure sentence or None, note, evidence) for ddp::buffers. want: rank 0's buffers at
-    construction; per rank: its buffers right after wrapping, after the first forward ({} if
-    not recorded) and at its own construction."""
-    evidence = "; ".join(
-        f"{n} after wrapping, max difference from rank 0's initial value: "
-        + ", ".join(f"rank {r}: {max_diff(got[r], {n: b})[0]:.2g}" for r in range(len(got)))
-        + " (at construction: " + ", ".join(f"rank {r}: {max_diff(own[r], {n: b})[0]:.2g}" for r in range(len(got)))
-        + ")" for n, b in want.items())
-    at_forward = []
-    for r in range(len(got)):
-        bad = [n for n in want if not close(got[r][n], want[n])]
-        if not bad:
-            continue
-        if r == 0:
-            return (f"rank 0's buffers {names(bad)} changed when wrapping: the broadcast must send rank 0's "
-                    f"values (src=0)."), "", evidence
-        if later[r] and all(close(later[r][n], want[n]) for n in want):
-            at_forward.append(r)  # synchronised in the first forward, as torch's DDP does
-            continue
-        if kept := [n for n in bad if close(got[r][n], own[r][n])]:
-            return (f"rank {r} kept its own buffer {names(kept)}: buffers are not broadcast from rank 0. The "
-                    f"handout asks for the weights only, so this is advice: with buffers that differ across "
-                    f"ranks (BatchNorm statistics, random buffers) the ranks compute different forwards."), "", evidence
-        return (f"after wrapping, rank {r}'s buffer {names(bad)} matches neither rank 0's initial value nor its "
-                f"own."), "", evidence
-    when = (f"after the first forward (rank {', '.join(map(str, at_forward))} still had its own right after "
-            f"wrapping)" if at_forward else "right after wrapping")
-    which = f"buffer {names(want)}, which differs" if len(want) == 1 else f"buffers {names(want)}, which differ"
-    return None, f"every rank holds rank 0's {which} across ranks at construction, {when}", evidence
-
-
 @pytest.mark.parametrize("flavour", FLAVOURS)
 def test_ddp_buffers(grading, submission, check, flavour):
     """Beyond the handout (advice): buffers that differ across ranks at construction hold rank 0's
@@ -447,60 +416,6 @@ def state_split(grading, ranks):
     per_param = [sum(v.numel() for v in s.values() if torch.is_tensor(v)) for s in full.state.values()]
     return (len(per_param), sum(per_param), max(per_param),
             [s.get("state_params", 0) for s in ranks], [s["state_numel"] for s in ranks])
-
-
-def balanced_bound(total: int, largest: int, world_size: int) -> int:
-    """State elements a rank may hold when parameters are shared out by size: 1/world_size of
-    the total, plus the largest parameter's state (a parameter is not split), plus slack."""
-    return total // world_size + largest + STATE_SLACK
-
-
-def judge_state_sharded(count: int, total: int, largest: int, params: list, held: list):
-    """(failure sentence or None, evidence) for state_sharded: per rank, `params` parameters with
-    optimizer state and `held` state elements, of `count` and `total` unsharded. A rank may hold
-    about 1/world_size of the parameters by count (round-robin) or by size (numel-balanced):
-    it fails only when it holds more by both measures, or all of them."""
-    world_size = len(held)
-    allowed, bound = math.ceil(count / world_size) + 1, balanced_bound(total, largest, world_size)
-    evidence = (f"parameters with optimizer state per rank: {params} of {count} (about 1/{world_size} by count: "
-                f"at most {allowed}); optimizer-state elements per rank: {held} of {total} (about 1/{world_size} "
-                f"by size: at most {bound})")
-    if all(h == 0 for h in held):
-        return ("no optimizer state was found on any rank: the check counts the .state of the returned "
-                "optimizer and of torch.optim.Optimizer objects held in its attributes."), evidence
-    if all(h >= total for h in held):
-        return (f"every rank holds the full optimizer state ({held[0]} elements of {total}): state is not "
-                f"sharded."), evidence
-    if empty := [r for r, h in enumerate(held) if h == 0]:
-        return (f"rank {empty[0]} holds no optimizer state while rank {held.index(max(held))} holds {max(held)} "
-                f"of {total}: the parameters are not shared out between the ranks."), evidence
-    if over := [r for r, (k, h) in enumerate(zip(params, held)) if k >= count or (k > allowed and h > bound)]:
-        r = over[0]
-        return (f"rank {r}'s optimizer holds state for {params[r]} of the {count} parameters ({held[r]} of {total} "
-                f"elements), more than about 1/{world_size} of them by count or by size: each rank must handle "
-                f"only its own subset."), evidence
-    return None, evidence
-
-
-def judge_state_balanced(count: int, total: int, largest: int, params: list, held: list):
-    """(failure sentence or None, evidence) for state_balanced: no rank holds more than
-    total/world_size + the largest parameter's state + STATE_SLACK elements."""
-    bound = balanced_bound(total, largest, len(held))
-    evidence = (f"optimizer-state elements per rank: {held}; unsharded AdamW holds {total}, largest parameter's "
-                f"share {largest}, allowed per rank {bound}; parameters with state per rank: {params} of {count}")
-    if all(h == 0 for h in held):
-        return "no optimizer state was found on any rank, so its balance cannot be judged (see state_sharded).", \
-            evidence
-    if all(h >= total for h in held):
-        return "every rank holds the full optimizer state: there is no split to balance (see state_sharded).", \
-            evidence
-    if over := [r for r, h in enumerate(held) if h > bound]:
-        r = over[0]
-        return (f"assign parameters by size (numel), not by count: rank {r} holds {held[r]} of {total} "
-                f"optimizer-state elements, more than the {bound} a balanced split allows (1/{len(held)} plus "
-                f"the largest parameter's state); the handout asks only for about 1/world_size of the "
-                f"parameters, so this is advice."), evidence
-    return None, evidence
 
 
 @pytest.mark.parametrize("name", ["state_sharded", "state_balanced"])

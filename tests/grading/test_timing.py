@@ -12,24 +12,13 @@ from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.wire.cases import FlashCase, make_inputs
 from reference.tolerance import judge_attention
+from tests.grading.flash_checks import median_ms
 
 JUDGED_BATCH = 2
 
 
 def last_seed(seed, budget):
     return seed + 1000 * (budget["repeats"] - 1) + budget["iters"] - 1
-
-
-def median_ms(runner, request, timeout, budget):
-    """Median over `repeats` runner calls of the time per forward+backward, timed from outside."""
-    times, reply = [], None
-    for r in range(budget["repeats"]):
-        seeds = [request["seed"] + 1000 * r + i for i in range(budget["iters"])]
-        reply = runner.call({**request, "seeds": seeds}, timeout)
-        if not reply.ok:
-            return None, reply
-        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / budget["iters"])
-    return sorted(times)[len(times) // 2], reply
 
 
 def reference_runner(grading) -> SubmissionRunner:
