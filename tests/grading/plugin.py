@@ -185,8 +185,10 @@ class Grading:
         if submission.problem:
             ungradable = submission.problem
         facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
-        facts.update({k: v for k, v in {"ungradable": ungradable, "runner_log_tail": runner.log_tail()}.items()
-                      if v is not None})
+        if ungradable is not None:
+            facts["ungradable"] = ungradable
+        # One tail per runner: under sharding a submission has a runner per shard (tests/grading/shards.py).
+        facts.setdefault("runner_logs", {})[self.shard] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
 
@@ -202,6 +204,19 @@ class Grading:
     def close(self):
         for runner in self._runners.values():
             runner.close()
+
+
+LOG_TAILS_CHARS = 24000  # all of a submission's runner logs together, in results.json
+
+
+def joined_logs(logs: dict) -> str:
+    """The runners' log tails as one text: one runner's as it is; several (one per shard) each
+    under its shard's name, the last LOG_TAILS_CHARS / n characters of each."""
+    if len(logs) == 1:
+        return next(iter(logs.values()))
+    share = LOG_TAILS_CHARS // len(logs)
+    return "\n".join(f"--- the runner of {shard or 'the submission'} ---\n{tail[-share:]}"
+                     for shard, tail in sorted(logs.items()))
 
 
 def grading_seed(config, reports: Path) -> int:
@@ -299,7 +314,7 @@ class GradingPlugin:
                 "seed": self.state.seed,
                 "ungradable": s.problem or old.get("ungradable"),
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
-                **({"runner_log_tail": old["runner_log_tail"]} if old.get("runner_log_tail") else {})}
+                **{key: old[key] for key in ("runner_log_tail", "runner_logs") if old.get(key)}}
             record_store.write_info(self.state.reports, s.name, self.info[s.name])
         names = ", ".join(s.name for s in self.state.submissions) or "none"
         self._say(f"grading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
@@ -453,7 +468,11 @@ class GradingPlugin:
             problem = next((s.problem for s in self.state.submissions if s.name == name), None)
             info["ungradable"] = problem
             info.pop("runner_log_tail", None)
-        info.update({k: facts[k] for k in ("ungradable", "runner_log_tail", "isolation") if facts.get(k) is not None})
+            info.pop("runner_logs", None)
+        info.update({k: facts[k] for k in ("ungradable", "isolation") if facts.get(k) is not None})
+        if facts.get("runner_logs"):
+            info.setdefault("runner_logs", {}).update(facts["runner_logs"])
+            info["runner_log_tail"] = joined_logs(info["runner_logs"])
         record_store.write_info(self.state.reports, name, info)
 
     def _save_collected(self):

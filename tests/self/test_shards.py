@@ -60,3 +60,16 @@ def test_heaviest_shards_run_first():
     assert ordered[:4] == ["timing-triton", "triton-bf16-causal-d64", "triton", "memory-triton"]
     assert ordered.index("ddp-ddp") < ordered.index("pytorch")
     assert ordered[-2:] == ["pytorch", "memory-pytorch"]  # what a CPU runs in a second or two
+
+
+def test_every_shards_runner_log_reaches_the_report():
+    """A submission spread over shards has a runner log per shard: results.json shows each under
+    its shard's name (not only the last shard's, as before), within one size budget."""
+    from tests.grading.plugin import LOG_TAILS_CHARS, joined_logs
+
+    assert joined_logs({"": "only runner\n"}) == "only runner\n"
+    logs = {"triton-bf16-causal-d64": "x" * 50000 + "END-A", "ddp-ddp": "spawned 2 ranks\nEND-B"}
+    text = joined_logs(logs)
+    assert "--- the runner of ddp-ddp ---\nspawned 2 ranks\nEND-B" in text
+    assert "--- the runner of triton-bf16-causal-d64 ---\n" in text and text.rstrip().endswith("END-A")
+    assert len(text) <= LOG_TAILS_CHARS + 200
