@@ -18,7 +18,7 @@ def check(request, grading, submission):
     """Factory: check(part, name, case="", tier="default") -> Check, recorded for this test.
 
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
-    `.to_json()`), whose fields the record then carries as data."""
+    `.to_json()`), whose fields the record then carries as data, or (id, case) for both."""
     def make(part, name, case="", tier="default"):
         request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
         return request.node.grading_check

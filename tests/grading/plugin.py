@@ -37,12 +37,14 @@ from tests.grading.rubric import Rubric, RubricError
 
 
 def case_data(case) -> tuple:
-    """(id, fields) of a check's case: a case id alone (fields {}), or an object with `.id` and
-    `.to_json()` (fa2_adapters.wire.cases.FlashCase), whose fields become plain JSON data."""
+    """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
+    `.to_json()` (fa2_adapters.wire.cases.FlashCase), whose fields become plain JSON data, or
+    (id, such an object): its fields under an id of the test's own ("triton-<case id>", say)."""
     if isinstance(case, str):
         return case, {}
+    label, case = case if isinstance(case, tuple) else (case.id, case)
     fields = {key: list(value) if isinstance(value, tuple) else value for key, value in case.to_json().items()}
-    return case.id, fields
+    return label, fields
 
 
 class Check:

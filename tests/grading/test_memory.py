@@ -31,7 +31,7 @@ def _limit_bytes(case) -> int:
 def test_no_score_matrix(grading, submission, check, slot, phase):
     on_cuda = slot_device(slot, grading.on_gpu) == "cuda"  # the PyTorch class is graded on the CPU
     case = GPU_CASES[slot] if on_cuda else MEMORY_CASE
-    c = check("memory", phase, f"{slot}-{case.id}", "memory")
+    c = check("memory", phase, (f"{slot}-{case.id}", case), "memory")
     if slot == "triton" and not grading.on_gpu:
         c.not_here("it needs a GPU: Triton's memory is measured on one; the interpreter's numpy arrays are "
                    "invisible on a CPU")
