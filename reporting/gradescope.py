@@ -155,6 +155,7 @@ def grouped(results: dict, rubric) -> dict:
             known = key in rubric.groups or not rs
             advice = rubric.advice(key) if known else any(r.advice for r in rs)
             score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
+            whole = True  # every check of the group was recorded
             if known and (most > 0 or not rs):  # the group's points, not a sum of shares rounded per check
                 points = rubric.points(key)
                 # ... unless its recorded checks hold less than its points (a run stopped early, whose
@@ -165,8 +166,12 @@ def grouped(results: dict, rubric) -> dict:
                 "number": f"{part_number}.{number}",
                 "name": group_name(key, labels, advice),
                 "score": round(score, 4), "max_score": round(most, 4),
-                "status": status(rs),
-                "output": group_output(rs), "output_format": "md",
+                # a group with checks that never ran has passed nothing yet, whatever those that ran did
+                "status": status(rs) if whole or status(rs) == "failed" else None,
+                "output": group_output(rs) + ("" if whole or not rs else
+                                              "\n\n_Some checks of this group never ran: their share counts 0 "
+                                              "until the submission is regraded._"),
+                "output_format": "md",
                 "tags": [part, *key.split(".")[2:3]] + (["advice"] if advice else []),
                 "visibility": rubric.visibility(key) if known else rs[0].visibility,
                 "extra_data": {"group": key, "part": part, "source": rubric.source(key) if known else rs[0].source,

@@ -356,6 +356,7 @@ def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
     grouped = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
     forward = next(t for t in grouped["tests"] if t["extra_data"]["group"] == "flash_pytorch.forward.course")
     assert forward["score"] == pytest.approx(points / 4, abs=1e-3) and forward["max_score"] == points
+    assert "status" not in forward and "never ran" in forward["output"]  # not "passed" with 3 checks to go
 
 
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
