@@ -43,6 +43,7 @@ student: it is unscored and marks the submission incomplete, as does a check col
 recorded (a run stopped by -x or Ctrl-C, a worker that died).
 """
 import json
+import math
 import os
 import re
 import secrets
@@ -62,13 +63,26 @@ def check_path(reports: Path, submission: str, name: str) -> Path:
     return reports / submission / "checks" / f"{safe}.json"
 
 
+def plain_json(value):
+    """`value` with every non-finite float as a string ("NaN", "Infinity", "-Infinity"): Python's
+    json writes them as bare tokens, which strict JSON parsers refuse. The pages read either."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return "NaN" if math.isnan(value) else "Infinity" if value > 0 else "-Infinity"
+    if isinstance(value, dict):
+        return {key: plain_json(v) for key, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [plain_json(v) for v in value]
+    return value
+
+
 def write_json(path: Path, data) -> None:
-    """Write `data` whole: to a temporary file of this process and thread, then os.replace."""
+    """Write `data` whole, as strict JSON: to a temporary file of this process and thread, then
+    os.replace."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
     try:
-        tmp.write_text(json.dumps(data, indent=1, default=str))
+        tmp.write_text(json.dumps(plain_json(data), indent=1, default=str, allow_nan=False))
         os.replace(tmp, path)
     finally:
         if tmp.exists():

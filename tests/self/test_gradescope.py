@@ -189,6 +189,16 @@ def test_valid_against_gradescope_results_specification(grouped, fixture_rubric)
         jsonschema.validate({**grouped["bob"], "visibility": "after_deadline"}, SPEC)
 
 
+def test_per_check_results_json_is_valid_too():
+    """results.json (a test per check: the pages' and grades.csv's input) keeps Gradescope's schema as
+    well, grader errors and checks not graded here (no status) included."""
+    jsonschema = pytest.importorskip("jsonschema")
+    for path in sorted(FIXTURES.glob("*/results.json")):
+        results = json.loads(path.read_text())
+        jsonschema.validate(results, SPEC)
+        json.dumps(results, allow_nan=False)
+
+
 # -- partial credit after a killed run --------------------------------------------------------------
 
 def write_partial_run(reports: Path, submission="alice", recorded=("a", "b", "c"), expected=("a", "b", "c", "d")):
