@@ -101,26 +101,6 @@ class SubmissionRunner:
         self._timed_out = {}  # (op, slot, backward) -> (smallest case size that timed out, message)
 
     # -- the scratch folder ----------------------------------------------------------------
-    @property
-    def scratch(self) -> Path:
-        return self.scratch_folder.path
-
-    @property
-    def exchange(self) -> Path:
-        return self.scratch_folder.exchange
-
-    @property
-    def home(self) -> Path:
-        return self.scratch_folder.home
-
-    @property
-    def trusted(self) -> Path:
-        return self.scratch_folder.trusted
-
-    @property
-    def copy_notes(self) -> list:
-        return self.scratch_folder.copy_notes
-
     def _copy_submission(self) -> Path:
         """The submission's private copy, made on first use; its notes go into the runner's log."""
         return self.scratch_folder.copy_submission(log=self._log)
@@ -153,7 +133,7 @@ class SubmissionRunner:
         self.watchdog.start()
         self.channel = Channel(from_runner_r, to_runner_w)
         self.channel.send({"root": str(root), "adapters_file": self.submission.adapters_file,
-                           "extra_paths": self.submission.extra_paths, "exchange": str(self.exchange)})
+                           "extra_paths": self.submission.extra_paths, "exchange": str(self.scratch_folder.exchange)})
         reply = self._wait_done("import", self.import_timeout, event="ready")
         if isinstance(reply, Reply):  # the runner hung or died while importing
             self.ready = {"import_error": f"{self.submission.adapters_file} could not be imported: {reply.message}"}
@@ -310,7 +290,7 @@ class SubmissionRunner:
             return Reply("crash", f"ran out of {what_ran_out}{where}: {text}{limit}", traceback=reply.traceback)
         if reply.ok and "tensors" in result:
             try:
-                reply.tensors = wire_tensors.read(self.exchange, result["tensors"], tag)
+                reply.tensors = wire_tensors.read(self.scratch_folder.exchange, result["tensors"], tag)
             except ValueError as exc:
                 return Reply("crash", f"sent back invalid tensors{where}: {exc}")
         return reply

@@ -35,19 +35,13 @@ def _refuse(problem: str) -> PydanticCustomError:
     return PydanticCustomError("rubric", "{problem}", {"problem": problem})
 
 
-def _one_of(choices: tuple, what: str = "") -> AfterValidator:
+def _one_of(choices: tuple, key: str = "") -> AfterValidator:
+    """A value among `choices`; `key` names what a mapping's keys are ("part"), for their sentence."""
     def check(value):
         if value not in choices:
-            raise _refuse(f"is {_show(value)}; {what or 'allowed'}: {', '.join(choices)}")
+            said = f"is not a {key} of this grader; {key}s are" if key else f"is {_show(value)}; allowed"
+            raise _refuse(f"{said}: {', '.join(choices)}")
         return value
-    return AfterValidator(check)
-
-
-def _key_of(choices: tuple, what: str) -> AfterValidator:
-    def check(key):
-        if key not in choices:
-            raise _refuse(f"is not a {what} of this grader; {what}s are: {', '.join(choices)}")
-        return key
     return AfterValidator(check)
 
 
@@ -123,7 +117,7 @@ GroupValue = Annotated[Group, BeforeValidator(_points_only)]
 class RubricFile(Strict):
     timeouts: Timeouts | None = None
     tolerances: Tolerances | None = None
-    parts: dict[Annotated[str, _key_of(PARTS, "part")], str] | None = None
+    parts: dict[Annotated[str, _one_of(PARTS, key="part")], str] | None = None
     groups: dict[GroupKey, GroupValue] | None = None
     budgets: Budgets | None = None
 

@@ -383,7 +383,8 @@ def test_output_is_bounded(runner_for):
     assert runner.output.total > 50 << 20
     assert len(tail.encode()) <= LOG_TAIL_BYTES + 100 and tail.rstrip().endswith("LAST LINE")
     assert "earlier bytes of output not kept" in tail
-    on_disk = sum(p.stat().st_size for p in runner.scratch.rglob("*") if p.is_file() and "trusted" not in p.parts)
+    on_disk = sum(p.stat().st_size for p in runner.scratch_folder.path.rglob("*")
+                  if p.is_file() and "trusted" not in p.parts)
     assert on_disk < 1 << 20  # the output never touched the disk
 
 
@@ -532,7 +533,7 @@ def test_tensors_are_validated(tmp_path):
     try:
         def reply_with(make_file, path=None):
             tag = f"call1-{os.urandom(4).hex()}"
-            target = runner.exchange / f"{tag}.pt"
+            target = runner.scratch_folder.exchange / f"{tag}.pt"
             make_file(target)
             message = {"event": "done", "status": "ok", "tag": tag, "result": {"tensors": path or str(target)}}
             return runner._reply(message, tag, "")
@@ -582,7 +583,8 @@ def test_copy_keeps_links_inside_and_drops_the_rest(tmp_path):
 def test_trusted_copy_is_enough_and_holds_no_solutions(tmp_path):
     runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
     try:
-        files = {str(p.relative_to(runner.trusted)) for p in runner.trusted.rglob("*.py")}
+        trusted = runner.scratch_folder.trusted
+        files = {str(p.relative_to(trusted)) for p in trusted.rglob("*.py")}
         assert {"fa2_adapters/runner/serve.py", "fa2_adapters/runner/ranks.py", "fa2_adapters/wire/tensors.py"} <= files
         # exactly the runner side and the wire: no harness, no reference solution, no oracle, no tests
         assert {f.split("/")[1] for f in files if f.count("/") > 1} == {"runner", "wire"}
@@ -591,7 +593,7 @@ def test_trusted_copy_is_enough_and_holds_no_solutions(tmp_path):
                 "print(sorted(m for m in sys.modules if m.split('.')[0] in ('reference', 'tests') "
                 "or m.startswith('fa2_adapters.harness')))")
         proc = subprocess.run([sys.executable, "-I", "-c",
-                               f"import sys; sys.path.insert(0, {str(runner.trusted)!r}); {code}"],
+                               f"import sys; sys.path.insert(0, {str(runner.scratch_folder.trusted)!r}); {code}"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)
         assert proc.returncode == 0, proc.stderr[-2000:]
         assert proc.stdout.strip() == "[]", proc.stdout
@@ -603,11 +605,12 @@ def test_scratch_is_private(tmp_path):
     runner = SubmissionRunner(load_submission(make_submission(tmp_path / "sub", "pass")))
     try:
         runner._copy_submission()
-        assert stat.S_IMODE(runner.scratch.stat().st_mode) == 0o711
-        for folder in (runner.exchange, runner.home, runner.scratch / "submission"):
+        scratch = runner.scratch_folder
+        assert stat.S_IMODE(scratch.path.stat().st_mode) == 0o711
+        for folder in (scratch.exchange, scratch.home, scratch.path / "submission"):
             assert stat.S_IMODE(folder.stat().st_mode) == 0o700
             if runner.uid is not None:
                 assert folder.stat().st_uid == runner.uid
-        assert runner.scratch.stat().st_uid == os.geteuid() and runner.trusted.stat().st_uid == os.geteuid()
+        assert scratch.path.stat().st_uid == os.geteuid() and scratch.trusted.stat().st_uid == os.geteuid()
     finally:
         runner.close()
