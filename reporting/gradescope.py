@@ -152,6 +152,7 @@ def grouped(results: dict, rubric) -> dict:
     for part_number, part in enumerate(parts, 1):
         for number, key in enumerate([k for k in by_group if k.split(".")[0] == part], 1):
             rs = by_group[key]
+            verdict = status(rs)
             known = key in rubric.groups or not rs
             advice = rubric.advice(key) if known else any(r.advice for r in rs)
             score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
@@ -167,7 +168,7 @@ def grouped(results: dict, rubric) -> dict:
                 "name": group_name(key, labels, advice),
                 "score": round(score, 4), "max_score": round(most, 4),
                 # a group with checks that never ran has passed nothing yet, whatever those that ran did
-                "status": status(rs) if whole or status(rs) == "failed" else None,
+                "status": verdict if whole or verdict == "failed" else None,
                 "output": group_output(rs) + ("" if whole or not rs else
                                               "\n\n_Some checks of this group never ran: their share counts 0 "
                                               "until the submission is regraded._"),

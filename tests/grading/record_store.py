@@ -241,16 +241,17 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
     unrecorded = Counter(g for n in never_run for g in groups_of_function.get(_function(n), ()))
     group_sizes.update(unrecorded)
-    parts = {key: {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
-             for key, label in rubric.parts.items()}  # in the rubric's order: the pages show them so
+    def new_part(label):
+        return {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
+
+    parts = {key: new_part(label) for key, label in rubric.parts.items()}  # the rubric's order: the pages
     for group in rubric.groups:
         if group in skipped_groups:
             continue
         # the points no recorded check of the group holds: all of them, or the unrun checks' share
         waiting = rubric.points(group) * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
         if waiting:
-            part = parts.setdefault(group.split(".")[0], {"label": group.split(".")[0], "score": 0.0,
-                                                          "max_score": 0.0, "checks": 0, "not_graded_here": 0})
+            part = parts.setdefault(group.split(".")[0], new_part(group.split(".")[0]))
             part["max_score"] += waiting
             if rubric.advice(group):
                 part["advice_score"] = part.get("advice_score", 0.0)
@@ -264,8 +265,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         r.max_score = 0.0 if skipped else rubric.points(r.group) / group_sizes[r.group]
         r.score = r.max_score if r.outcome == "passed" else 0.0
         if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
-            part = parts.setdefault(r.part, {"label": r.part, "score": 0.0, "max_score": 0.0, "checks": 0,
-                                             "not_graded_here": 0})
+            part = parts.setdefault(r.part, new_part(r.part))
             part["score"] += r.score
             part["max_score"] += r.max_score
             part["checks"] += 0 if skipped else 1
