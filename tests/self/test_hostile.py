@@ -379,6 +379,7 @@ def test_output_is_bounded(runner_for):
         sys.stderr.write("LAST LINE\\n")
     ''')
     assert runner.call(REQUEST, timeout=60).ok
+    runner.stop()  # read the log once the runner is dead and its output drained: no race with "done"
     tail = runner.log_tail()
     assert runner.output.total > 50 << 20
     assert len(tail.encode()) <= LOG_TAIL_BYTES + 100 and tail.rstrip().endswith("LAST LINE")
