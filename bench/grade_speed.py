@@ -5,6 +5,7 @@ repository by default, or an archived older one, to compare):
 
     python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S]
     python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S]
+    python bench/grade_speed.py startup --out $OUT/startup
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
 
 `single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
@@ -14,10 +15,14 @@ counted. `class` grades the bundled class (the reference and submissions/example
 `-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole
 run, and the time of every check from the check records (`recorded_at`, written as each check
 finishes) by check kind and by submission. A run stopped at `--limit` seconds still counts
-what finished, marked as stopped. `table` prints one row per run and the slowest check kinds.
+what finished, marked as stopped. `table` prints one row per run, the runner starts, the worker that finished
+last (with bench/timeline.py's record of which test ran where and when) and the slowest check
+kinds. `startup` times the process starts every shard pays, alone on the machine.
 """
 import argparse
 import json
+import os
+import re
 import shutil
 import subprocess
 import sys
@@ -38,19 +43,61 @@ def triton_cache_dir() -> Path:
 def grade(grader: Path, impls: list, workers: str, out: Path, limit: float) -> dict:
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
-    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--reports={reports}",
-               "-n", workers, *[f"--impl={i}" for i in impls]]
+    command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.timeline",
+               f"--reports={reports}", "-n", workers, *[f"--impl={i}" for i in impls]]
     print("+", " ".join(command), flush=True)
+    env = {**os.environ, "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
+    (out / "timeline.json").unlink(missing_ok=True)
     start = time.monotonic()
     stopped = False
     with (out / "pytest.log").open("w") as log:
         try:
-            status = subprocess.run(command, cwd=grader, stdout=log, stderr=subprocess.STDOUT, timeout=limit).returncode
+            status = subprocess.run(command, cwd=grader, stdout=log, stderr=subprocess.STDOUT, timeout=limit,
+                                    env=env).returncode
         except subprocess.TimeoutExpired:
             status, stopped = None, True
     wall = time.monotonic() - start
     return {"command": " ".join(command[1:]), "wall_s": round(wall, 1), "status": status, "stopped": stopped,
-            "started": time.time() - wall, **breakdown(reports, time.time() - wall, workers == "0")}
+            "started": time.time() - wall, **breakdown(reports, time.time() - wall, workers == "0"),
+            "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json")}
+
+
+def runner_starts(reports: Path) -> dict:
+    """How many runners started and how long each took to be ready, from the runners' logs
+    ("runner ready in X s", fa2_adapters/harness/client.py)."""
+    seconds = []
+    for path in reports.glob("*/results.json"):
+        logs = json.loads(path.read_text()).get("extra_data", {}).get("runner_logs") or {}
+        for log in logs.values():
+            seconds += [float(m) for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
+    seconds.sort()
+    return {"count": len(seconds), "total_s": round(sum(seconds), 1),
+            "median_s": seconds[len(seconds) // 2] if seconds else None, "max_s": max(seconds, default=None)}
+
+
+def workers_summary(path: Path) -> dict:
+    """Each worker's first start, last stop and busy seconds (from bench/timeline.py), relative to
+    the first test's start; and, for the worker that finished last, its groups in order."""
+    if not path.exists():
+        return {}
+    rows = json.loads(path.read_text())
+    if not rows:
+        return {}
+    t0 = min(r["start"] for r in rows)
+    workers = defaultdict(lambda: {"first": float("inf"), "last": 0.0, "busy": 0.0, "groups": {}})
+    for r in rows:
+        w = workers[r["worker"]]
+        w["first"] = min(w["first"], r["start"] - t0)
+        w["last"] = max(w["last"], r["stop"] - t0)
+        w["busy"] += r["stop"] - r["start"]
+        group = r["test"].rsplit("@", 1)[-1] if "@" in r["test"] else "-"
+        span = w["groups"].setdefault(group, [r["start"] - t0, 0.0, 0.0])  # first start, last stop, busy
+        span[1] = max(span[1], r["stop"] - t0)
+        span[2] += r["stop"] - r["start"]
+    summary = {name: {"first": round(w["first"], 1), "last": round(w["last"], 1), "busy": round(w["busy"], 1),
+                      "groups": {g: [round(x, 1) for x in span] for g, span in w["groups"].items()}}
+               for name, w in sorted(workers.items())}
+    return summary
 
 
 def breakdown(reports: Path, started: float, sequential: bool) -> dict:
@@ -97,6 +144,7 @@ def main() -> int:
         p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
         if name == "single":
             p.add_argument("--cold", action="store_true", help="empty the kept Triton cache first")
+    sub.add_parser("startup").add_argument("--out", type=Path, required=True)
     table = sub.add_parser("table")
     table.add_argument("runs", type=Path, nargs="+")
     args = parser.parse_args()
@@ -105,6 +153,9 @@ def main() -> int:
         print_table(args.runs)
         return 0
     args.out.mkdir(parents=True, exist_ok=True)
+    if args.what == "startup":
+        (args.out / "startup.json").write_text(json.dumps({"gpus": gpu_names(), "steps": startup(args.out)}))
+        return 0
     grader = args.grader.resolve()
     if args.what == "single":
         if args.cold:
@@ -121,6 +172,36 @@ def main() -> int:
     (args.out / "speed.json").write_text(json.dumps(result, indent=1))
     print_table([args.out])
     return 0
+
+
+STARTUP_STEPS = {
+    "python -c pass": "pass",
+    "import torch": "import torch",
+    "import torch, triton; a CUDA op": (
+        "import torch, triton; torch.cuda.is_available() and torch.ones(1, device='cuda').sum().item()"),
+    "the sandbox probe (fresh grader process)": (
+        "import tempfile; from fa2_adapters.harness import sandbox; "
+        "print(sandbox.isolation(tempfile.gettempdir(), 0)['mode'])"),
+    "a reference runner: start until ready": (
+        "from pathlib import Path; from fa2_adapters.harness.discover import load_submission; "
+        "from fa2_adapters.harness.client import SubmissionRunner; "
+        "r = SubmissionRunner(load_submission(Path('submissions/reference'))); r.start(); r.close()"),
+}
+
+
+def startup(out: Path, repeats: int = 3) -> dict:
+    """What each process start costs, alone on the machine: the medians of `repeats` fresh
+    interpreters per step (a runner start includes its probe: subtract the step above it)."""
+    steps = {}
+    for name, code in STARTUP_STEPS.items():
+        times = []
+        for _ in range(repeats):
+            start = time.monotonic()
+            subprocess.run([sys.executable, "-c", code], cwd=ROOT, check=True, capture_output=True)
+            times.append(time.monotonic() - start)
+        steps[name] = round(sorted(times)[len(times) // 2], 2)
+        print(f"  {steps[name]:6.2f} s  {name}", flush=True)
+    return steps
 
 
 def gpu_names() -> list:
@@ -140,6 +221,17 @@ def print_table(runs: list) -> None:
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
         print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {r['checks']} | {outcomes} | "
               f"{'yes, at the limit' if r['stopped'] else 'no'} |")
+    for r in results:
+        if r.get("runner_starts"):
+            print(f"\n{r['scenario']}: runner starts {r['runner_starts']}")
+        workers = r.get("workers") or {}
+        if workers:
+            last = max(workers, key=lambda w: workers[w]["last"])
+            busy = sum(w["busy"] for w in workers.values())
+            print(f"{r['scenario']}: {len(workers)} workers, busy {busy:.0f} s in all; the last to finish, {last}, "
+                  f"at {workers[last]['last']} s, ran (group: first start, last stop, busy s):")
+            for group, span in workers[last]["groups"].items():
+                print(f"    {group}: {span}")
     for r in results:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
         for kind, (seconds, count) in list(r["by_kind"].items())[:12]:

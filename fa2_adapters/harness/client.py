@@ -110,6 +110,7 @@ class SubmissionRunner:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> dict:
+        started = time.monotonic()
         try:
             root = self._copy_submission()
         except (OSError, shutil.Error) as exc:
@@ -139,6 +140,8 @@ class SubmissionRunner:
             self.ready = {"import_error": f"{self.submission.adapters_file} could not be imported: {reply.message}"}
         else:
             self.ready = reply
+            # how long a start costs (Python, torch, triton, the adapters): bench/grade_speed.py reads it
+            self._log(f"runner ready in {time.monotonic() - started:.1f} s")
         if self.ready.get("import_error"):
             self.stop()
         return self.ready
