@@ -1,0 +1,31 @@
+"""`pytest --impl PATH` grades under the grader's own pytest settings, whatever PATH ships.
+
+pytest chooses its settings file before the grader's options exist, so it takes the PATH of
+`--impl PATH` (two words) for a test path, and a course repo's pyproject.toml (every CS336 repo
+has [tool.pytest.ini_options]) became the run's settings, with the repo's conftest.py imported
+into the grader. fa2_adapters/pytest_plugin.py starts such a run again with the grader's own.
+"""
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_a_repo_with_pytest_settings_of_its_own_and_an_existing_reports_folder(tmp_path):
+    repo = tmp_path / "alice"
+    shutil.copytree(ROOT / "submissions" / "reference", repo, symlinks=True)
+    (repo / "pyproject.toml").write_text('[tool.pytest.ini_options]\naddopts = "-s"\ntestpaths = ["tests"]\n')
+    (repo / "conftest.py").write_text(f"open({str(tmp_path / 'imported')!r}, 'w').close()\n")
+    reports = tmp_path / "reports"
+    reports.mkdir()  # an existing folder after --reports was a test path too
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           "--impl", str(repo), "--reports", str(reports), "-k", "no_such_test"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 5, out  # everything deselected, nothing broken
+    assert "[grader] pytest took its settings from" in out and "Starting again with the grader's own" in out
+    assert f"rootdir: {ROOT}" in out and "configfile: pyproject.toml" in out
+    assert "errors" not in out.split("grades ===")[0]
+    assert not (tmp_path / "imported").exists()  # the repo's conftest.py never ran in the grader
