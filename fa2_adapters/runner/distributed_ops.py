@@ -1,9 +1,10 @@
 """What each rank does for the DDP and sharded-optimizer checks. Student-land: raw results only.
 
-`Runner.op_distributed` starts the ranks with fa2_adapters.runner.ranks.run_on_ranks; each
-rank is a fresh spawned process that inherits the runner's sys.path and working directory,
-imports the submission's adapters module itself, trains a reference toy model through the
-student's functions and returns plain tensors, dicts and lists. The harness (tests/grading/
+`Runner.op_distributed` runs these on the ranks of a fa2_adapters.runner.ranks.RankPool; each
+rank is a spawned process that inherits the runner's sys.path and working directory, imports
+the submission's adapters module itself (once: the pool keeps its ranks from one successful
+call to the next, and starts fresh ones after a failure), trains a reference toy model through
+the student's functions and returns plain tensors, dicts and lists. The harness (tests/grading/
 test_distributed.py) builds the same models and batches from the same seeds with the helpers
 below, trains them in one process and judges.
 

@@ -21,7 +21,7 @@ from pathlib import Path
 import torch
 
 from fa2_adapters.runner import course_env, distributed_ops, flash_call, instruments
-from fa2_adapters.runner.ranks import run_on_ranks
+from fa2_adapters.runner.ranks import RankPool
 from fa2_adapters.wire import tensors as wire_tensors
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from fa2_adapters.wire.channel import Channel
@@ -114,6 +114,7 @@ def call_adapter(module, name, *args):
 class Runner:
     def __init__(self, channel: Channel, module, exchange: Path):
         self.channel, self.module, self.exchange = channel, module, exchange
+        self.rank_pool = None  # the ranks of the last distributed call, kept for the next one
 
     def phase(self, name: str) -> None:
         self.channel.send({"event": "phase", "phase": name})
@@ -205,8 +206,11 @@ class Runner:
             with distributed_ops.trusted_first() as sys_path:
                 spec = {**request["spec"], "module_name": self.module.__name__,
                         "module_file": self.module.__file__, "sys_path": sys_path}
-                ranks = run_on_ranks(fn, spec, world_size=request.get("world_size", 2), backend="gloo",
-                                     timeout_s=request.get("timeout_s", 180), collective_timeout_s=30)
+                world_size = request.get("world_size", 2)
+                if self.rank_pool is None or self.rank_pool.world_size != world_size:
+                    self.end_ranks()
+                    self.rank_pool = RankPool(world_size, backend="gloo")
+                ranks = self.rank_pool.run(fn, spec, timeout_s=request.get("timeout_s", 180), collective_timeout_s=30)
         except RuntimeError as exc:  # "rank 1 of 2 failed:\n<traceback>": keep its last line
             lines = [line for line in str(exc).splitlines() if line.strip()]
             if len(lines) > 1 and lines[0].startswith("rank ") and " failed" in lines[0]:
@@ -229,9 +233,16 @@ class Runner:
         result["tensors"] = self.save(request["tag"], tensors)
         return result
 
+    def end_ranks(self) -> None:
+        if self.rank_pool is not None:
+            self.rank_pool.close()
+            self.rank_pool = None
+
     def serve(self) -> None:
         while True:
             request = self.channel.receive()
+            if request["op"] != "distributed":  # idle ranks would hold memory and cores through other checks
+                self.end_ranks()
             op = getattr(self, f"op_{request['op']}", None)
             start = CLOCK()
             try:

@@ -354,8 +354,11 @@ class GradingPlugin:
                 self.collected.setdefault(name, set()).add(item.nodeid)
                 if not last_failed and (module := item.nodeid.split("::", 1)[0]) not in partial:
                     self.modules.add(module)
-        if self.state.sharded:  # every worker sorts alike, as xdist requires
+        # Every worker sorts alike, as xdist requires (the sorts are stable).
+        if self.state.sharded:
             items.sort(key=lambda item: shards.cost_rank(getattr(item, "grading_shard", "")))
+        else:  # a runner's distributed checks one after another: its ranks serve them all
+            items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
         if not self.is_worker:
             self._save_collected()
 

@@ -9,7 +9,10 @@ So a submission's tests are split into shards that share nothing but the student
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
   two shards compile the same kernel, and each shard's autotuning covers its own lengths;
 - the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
-- DDP by flavour, the sharded optimizer and FSDP each as one shard, timing and memory by slot.
+- the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
+  ranks from one call to the next (fa2_adapters/runner/ranks.py RankPool), so one spawn serves
+  them all where a shard each cost a runner start and a spawn each;
+- timing and memory by slot.
 
 A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
 would start a runner per shard only to learn that it is not attempted. Without a GPU, without
@@ -24,15 +27,19 @@ from fa2_adapters.wire.cases import FLASH_SLOTS, SHORT
 SEPARATOR = "/"
 
 
+def is_distributed(item) -> bool:
+    """DDP, the sharded optimizer and FSDP: checks whose runner calls run on its ranks."""
+    return item.module.__name__.rsplit(".", 1)[-1] in ("test_distributed", "test_fsdp")
+
+
 def shard_of(item, stubs: set) -> str:
     """The shard of a grading test, from its module, its name and its parameters."""
     params = item.callspec.params
     module = item.module.__name__.rsplit(".", 1)[-1]
     if module in ("test_timing", "test_memory"):
         return f"{module.removeprefix('test_')}-{params['slot']}"
-    if module in ("test_distributed", "test_fsdp"):  # test_ddp_*, test_sharded_*, test_fsdp_*
-        family = item.originalname.split("_")[1]
-        return f"{family}-{params['flavour']}" if "flavour" in params else family
+    if is_distributed(item):
+        return "distributed"
     slot = params.get("slot", "pytorch")  # test_runs_on_cuda has no slot: the PyTorch class
     case = params.get("case")
     if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
@@ -44,7 +51,7 @@ def shard_of(item, stubs: set) -> str:
 # whose heaviest shards come last ends with a few workers compiling while the rest wait. Measured
 # on an H100 (notes/grading-speed.md): a timing shard about 60 s, a Triton shard 20 to 40 s of
 # compiling and autotuning, a distributed shard 10 to 20 s of rank spawns, the rest a few seconds.
-HEAVY_FIRST = ("timing-triton", "triton", "memory-triton", "timing-", "ddp", "sharded", "fsdp")
+HEAVY_FIRST = ("timing-triton", "triton", "memory-triton", "timing-", "distributed")
 
 
 def cost_rank(shard: str) -> int:

@@ -35,10 +35,12 @@ def test_other_parts():
         == "pytorch"
     assert shards.shard_of(item("test_flash", "test_runs_on_cuda"), set()) == "pytorch"
     assert shards.shard_of(item("test_flash", "test_hygiene", slot="triton"), set()) == "triton"
+    # one runner, whose ranks serve every distributed check (one spawn, not one per check family)
     assert shards.shard_of(item("test_distributed", "test_ddp_equivalence", flavour="bucketed",
-                                model_name="toy"), set()) == "ddp-bucketed"
-    assert shards.shard_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) == "sharded"
-    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "fsdp"
+                                model_name="toy"), set()) == "distributed"
+    assert shards.shard_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) \
+        == "distributed"
+    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "distributed"
     assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
         == "memory-pytorch"
@@ -46,7 +48,7 @@ def test_other_parts():
 
 def test_group_names_give_back_their_submission():
     for name in ("alice", "s1", "s10", "bob.smith"):
-        for shard in ("", "triton-bf16-causal-d64", "ddp-ddp"):
+        for shard in ("", "triton-bf16-causal-d64", "distributed"):
             group = shards.group_name(name, shard)
             assert "@" not in group  # xdist splits group names at "@"
             assert shards.submission_of_group(group) == name
@@ -54,11 +56,11 @@ def test_group_names_give_back_their_submission():
 
 def test_heaviest_shards_run_first():
     """loadgroup hands out groups in collection order: the longest go first (shards.HEAVY_FIRST)."""
-    names = ["pytorch", "memory-pytorch", "fsdp", "ddp-ddp", "triton-bf16-causal-d64", "timing-pytorch",
-             "timing-triton", "sharded", "triton", "memory-triton"]
+    names = ["pytorch", "memory-pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch",
+             "timing-triton", "triton", "memory-triton"]
     ordered = sorted(names, key=shards.cost_rank)
     assert ordered[:4] == ["timing-triton", "triton-bf16-causal-d64", "triton", "memory-triton"]
-    assert ordered.index("ddp-ddp") < ordered.index("pytorch")
+    assert ordered.index("distributed") < ordered.index("pytorch")
     assert ordered[-2:] == ["pytorch", "memory-pytorch"]  # what a CPU runs in a second or two
 
 
