@@ -299,4 +299,6 @@ class SubmissionRunner:
         return reply
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:
+        if self.watchdog is not None:  # what the runner printed before its last reply, too
+            self.watchdog.catch_up()
         return self.output.tail(limit)

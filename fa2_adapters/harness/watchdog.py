@@ -76,6 +76,8 @@ class Watchdog:
         self.busy = False  # a call (or the import) is under way: memory is checked more often
         self.killed_for = None  # why the watchdog killed the runner, if it did
         self._stopping = threading.Event()
+        self._reading = threading.Lock()  # this thread and catch_up() both read the pipe
+        self._closed = False
         self._thread = threading.Thread(target=self._watch, daemon=True, name=name)
 
     def start(self) -> None:
@@ -86,17 +88,34 @@ class Watchdog:
         self._stopping.set()
         self._thread.join(timeout=2)
 
+    def catch_up(self, within: float = 1.0) -> None:
+        """Read, in the caller's thread, what the runner has written so far. A runner prints, then
+        sends its reply on another pipe: the reply can arrive before this thread has read the
+        print, and a log tail taken then would miss it. Bounded by `within` seconds, for a runner
+        that keeps writing."""
+        deadline = time.monotonic() + within
+        while time.monotonic() < deadline and self._read_available() == "read":
+            pass
+
+    def _read_available(self) -> str:
+        """"read" (a chunk went into the tail), "none" (nothing to read now) or "ended" (end of file)."""
+        with self._reading:
+            if self._closed or not select.select([self.log_fd], [], [], 0)[0]:
+                return "none"
+            chunk = os.read(self.log_fd, 1 << 16)
+            if not chunk:
+                return "ended"
+            self.output.write(chunk)
+            return "read"
+
     def _watch(self) -> None:
         """Drain the runner's output into the tail; kill it if its processes outgrow the memory limit."""
         last_check, stop_by = 0.0, None
         try:
             while stop_by is None or time.monotonic() < stop_by:
                 ready, _, _ = select.select([self.log_fd], [], [], 0.25)
-                if ready:
-                    chunk = os.read(self.log_fd, 1 << 16)
-                    if not chunk:
-                        break
-                    self.output.write(chunk)
+                if ready and self._read_available() == "ended":
+                    break
                 if self._stopping.is_set():  # drain what is left, for a second at most
                     if not ready:
                         break
@@ -112,7 +131,9 @@ class Watchdog:
                                            f"{gib(self.memory_limit)}")
                         kill_runner(self.process, self.uid)
         finally:
-            os.close(self.log_fd)
+            with self._reading:
+                self._closed = True
+                os.close(self.log_fd)
 
     def _pids(self) -> list:
         if self.uid is not None:

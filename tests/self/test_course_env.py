@@ -221,13 +221,15 @@ def test_course_repo_imports_in_the_runner(tmp_path, layout):
     root = course_repo(tmp_path / "repo", namespace=layout == "namespace", src_layout=layout == "src",
                        basics="../cs336-assignment1" if layout == "outside-source" else "./cs336-basics")
     runner, ready = start(root)
-    runner.close()  # the log is read once the runner is dead and its output drained: no race with "ready"
-    assert ready.get("import_error") is None, ready
-    assert ready["functions"] == ["ddp_on_after_backward", "get_ddp",
-                                  "get_flashattention_autograd_function_pytorch"]
-    if layout == "outside-source":
-        assert "outside the submission; the grader used the repo's own cs336-basics/ folder" in runner.log_tail()
-        assert load_submission(root).notes == course_env.read(root).refused
+    try:
+        assert ready.get("import_error") is None, ready
+        assert ready["functions"] == ["ddp_on_after_backward", "get_ddp",
+                                      "get_flashattention_autograd_function_pytorch"]
+        if layout == "outside-source":
+            assert "outside the submission; the grader used the repo's own cs336-basics/ folder" in runner.log_tail()
+            assert load_submission(root).notes == course_env.read(root).refused
+    finally:
+        runner.close()
 
 
 def test_missing_declared_package_ends_the_import_error_with_advice(tmp_path):

@@ -379,7 +379,6 @@ def test_output_is_bounded(runner_for):
         sys.stderr.write("LAST LINE\\n")
     ''')
     assert runner.call(REQUEST, timeout=60).ok
-    runner.stop()  # read the log once the runner is dead and its output drained: no race with "done"
     tail = runner.log_tail()
     assert runner.output.total > 50 << 20
     assert len(tail.encode()) <= LOG_TAIL_BYTES + 100 and tail.rstrip().endswith("LAST LINE")
@@ -387,6 +386,17 @@ def test_output_is_bounded(runner_for):
     on_disk = sum(p.stat().st_size for p in runner.scratch_folder.path.rglob("*")
                   if p.is_file() and "trusted" not in p.parts)
     assert on_disk < 1 << 20  # the output never touched the disk
+
+
+def test_what_a_call_printed_is_in_the_log_when_it_returns(runner_for):
+    """The runner prints, then replies on another pipe: the log tail read right after the reply
+    holds the print (the harness catches up with the output pipe first), every time."""
+    runner = runner_for('''
+        print(f"CALL-{next(CALLS)}-DONE", flush=True)
+    ''', head="import itertools\nCALLS = itertools.count()\n")
+    for n in range(20):
+        assert runner.call(REQUEST, timeout=60).ok
+        assert f"CALL-{n}-DONE" in runner.log_tail(), runner.log_tail()[-300:]
 
 
 def test_fresh_runner_after_a_crash(runner_for):
