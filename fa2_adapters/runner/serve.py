@@ -69,7 +69,14 @@ def describe(exc: BaseException) -> str:
     if isinstance(exc, SystemExit):
         return f"SystemExit: sys.exit({exc.code!r}) was called"
     text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    described = f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__)
+    if isinstance(exc, TypeError) and frames and (frames[-1].line or "").startswith("raise NotImplemented"):
+        # a common slip in the course's repos: Python's error names neither the line nor the cause
+        where = f"{os.path.relpath(frames[-1].filename)}:{frames[-1].lineno}"
+        described += (f" (`{frames[-1].line}` at {where}: NotImplemented is a constant, not an exception; "
+                      f"raise NotImplementedError instead)")
+    return described
 
 
 def out_of_memory(exc: BaseException):

@@ -399,6 +399,15 @@ def test_what_a_call_printed_is_in_the_log_when_it_returns(runner_for):
         assert f"CALL-{n}-DONE" in runner.log_tail(), runner.log_tail()[-300:]
 
 
+def test_raise_not_implemented_is_named(runner_for):
+    reply = runner_for("if is_causal:\n    raise NotImplemented").call(
+        {**REQUEST, "case": {**REQUEST["case"], "is_causal": True}}, timeout=60)
+    assert reply.status == "error"
+    assert reply.message.startswith("TypeError: exceptions must derive from BaseException (`raise NotImplemented` "
+                                    "at student.py:"), reply.message
+    assert reply.message.endswith("NotImplemented is a constant, not an exception; raise NotImplementedError instead)")
+
+
 def test_fresh_runner_after_a_crash(runner_for):
     runner = runner_for('''
         import ctypes, os
