@@ -20,6 +20,7 @@ next.
 """
 import datetime
 import io
+import os
 import queue as queue_module
 import socket
 import time
@@ -50,7 +51,16 @@ def _serve_rank(rank, world_size, backend, tasks, results):
     """A rank process: run each task that comes, each in a process group of its own."""
     # Ranks share the machine's cores; more threads than cores per rank only thrashes.
     torch.set_num_threads(1)
-    while (task := tasks.get()) is not None:
+    parent = os.getppid()
+    while True:
+        try:
+            task = tasks.get(timeout=5.0)
+        except queue_module.Empty:
+            if os.getppid() != parent:  # the runner died without ending its ranks: so do they
+                return
+            continue
+        if task is None:
+            return
         port, collective_timeout_s, fn, args = task
         try:
             dist.init_process_group(
