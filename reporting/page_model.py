@@ -72,6 +72,7 @@ class SubmissionReport:
     notes: list = field(default_factory=list)  # sentences about the whole submission to act on
     # Not final: some checks were not graded (the grader itself failed, or they never ran).
     incomplete: bool = False
+    interrupted: str | None = None  # "not graded (Slurm job 12_3 ended: TIMEOUT)"
     ungraded: list = field(default_factory=list)  # [{"name", "reason"}]: the checks not graded, as shown
     hidden_ungraded: int = 0  # ungraded checks left out of the student view
     checks_graded: int | None = None
@@ -101,6 +102,8 @@ class SubmissionReport:
         if self.student_view:
             count = len(self.ungraded) + self.hidden_ungraded
             return f"{count} check{'s' if count != 1 else ''} not graded yet: the total is not final."
+        if self.interrupted:  # the grading run of this submission ended early, and says why
+            return f"{self.interrupted}: the total is not final; regrade."
         broken = sum(1 for u in self.ungraded if u["name"])
         never = len(self.ungraded) - broken
         why = ([f"the grader itself failed on {broken}"] if broken else []) + ([f"{never} never ran"] if never else [])
@@ -319,6 +322,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         stdout_visible=as_text(data.get("stdout_visibility")) == "visible",
         notes=_notes(extra.get("notes")),
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
+        interrupted=as_text(extra.get("interrupted")) or None,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
         provisional=extra.get("provisional") is True or any(c.state == "not_here" for c in checks),
         isolation={k: as_text(v) for k, v in as_dict(extra.get("isolation")).items() if k in ("mode", "note")},

@@ -306,6 +306,8 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         summary = (f"incomplete: {graded} of {total} checks graded"
                    + (f" ({', '.join(why)})" if why else "")
                    + "; the total is not final and will change when the rest are graded. " + summary)
+    if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): fa2_adapters/slurm.py
+        summary = f"{info['interrupted']}. {summary}"
     results = {
         "score": round(score, 3), "max_score": round(max_score, 3),
         "execution_time": round(sum(r.seconds or 0 for r in records), 2),
@@ -315,7 +317,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                        "environment": info.get("environment", {}), "parts": parts,
                        "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
                        "runner_log_tail": info.get("runner_log_tail", ""),
-                       "isolation": info.get("isolation"),
+                       "isolation": info.get("isolation"), "interrupted": info.get("interrupted"),
                        "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
                        "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},
