@@ -34,7 +34,7 @@ def test_the_default_rubric_loads_and_its_total_is_the_sum_of_its_groups():
 
 def test_the_hostile_rubric_loads():
     rubric = Rubric(PROJECT_ROOT / "tests" / "self" / "fixtures" / "hostile_rubric.yaml")
-    assert rubric.tolerances == {"output_factor": 2.0, "grad_factor": 3.0} and rubric.timeout("flash") == 10.0
+    assert rubric.tolerances == {"output_factor": 2.0, "grad_factor": 3.0} and rubric.timeout("flash") == 30.0
 
 
 @pytest.mark.parametrize("old, new, expected", [
