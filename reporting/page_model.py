@@ -79,15 +79,24 @@ class SubmissionReport:
     checks_expected: int | None = None
     # Provisional: some checks need a GPU and were not graded on this machine; they count 0 for now.
     provisional: bool = False
-    # How the runner was confined: {"mode": "namespace" | "uid" | "none", "note": a sentence}, or
-    # {} when results.json does not say (an older grader, or no runner started).
+    # How the runner was confined: {"mode": "namespace" | "uid" | "userns" | "none", "note": a
+    # sentence}, or {} when results.json does not say (an older grader, or no runner started).
     isolation: dict = field(default_factory=dict)
 
     @property
     def isolated(self):
-        """False when the student's code ran with the grader's own rights; None when unknown."""
+        """False when the student's code ran with the grader's own rights; None when unknown.
+        "userns" counts as isolated (namespaces confine it) though its uid is the grader's:
+        `isolation_caveat` says so."""
         mode = as_text(self.isolation.get("mode"))
         return None if not mode else mode != "none"
+
+    @property
+    def isolation_caveat(self) -> str:
+        """What the page says before the note where the confinement is weaker than a uid of its own."""
+        if as_text(self.isolation.get("mode")) == "userns":
+            return "user namespaces only, no uid of its own (outside them it ran as the grading user)"
+        return ""
     student_id: str | None = None  # a group's joined with ", ", like `student`
     email: str | None = None
     students: list = field(default_factory=list)  # [{"name", "sid", "email"}] (None where unknown), one a member

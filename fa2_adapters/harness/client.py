@@ -16,7 +16,8 @@ believed: its tag, its status, the type and size of each field, and its tensors,
 the file the tag names (fa2_adapters.wire.tensors).
 
 A call that outlives its timeout gets the whole group killed (and, with a uid of its own, every
-process of that uid, so setsid'd children die too: watchdog.kill_runner), and a case at least as
+process of that uid, or in a PID namespace of its own every process in it, so setsid'd children
+die too: watchdog.kill_runner), and a case at least as
 large as one that timed out (same op, slot and direction) fails at once without running. A call
 whose runner dies is reported with the signal or exit status; a runner that goes over its
 memory limit (the watchdog), hits a CUDA error or sends an invalid reply is killed. Either way
@@ -88,7 +89,7 @@ class SubmissionRunner:
         self.memory_limit = _memory_limit() if memory_limit is None else memory_limit
         # probed with this runner's own limit: an RLIMIT_DATA that works may break a smaller one
         self.isolation = sandbox.isolation(tempfile.gettempdir(), self.memory_limit)
-        self.uid = sandbox.claim_uid() if self.isolation["mode"] != "none" else None
+        self.uid = sandbox.claim_uid() if self.isolation["mode"] in ("namespace", "uid") else None
         self.scratch_folder = ScratchFolder(submission, self.uid, kept_kernels)
         self.output = OutputTail()
         self._log(self.isolation["note"])

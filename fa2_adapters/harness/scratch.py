@@ -21,7 +21,8 @@ folder is listable by all), mode 0711: others pass through it but cannot list it
 The copy, `exchange/` and `home/` are mode 0700. Where the runner has a uid of its own, it owns
 them and the grader owns the scratch folder itself and `trusted/` (read-only to the runner), so
 the runner can change none of the code it trusts and no other runner can read its files; where
-it has none (sandbox mode "none", which its log says), it can read and write all of them.
+it has none (sandbox mode "none", which its log says), it can read and write all of them; in
+mode "userns" all but `trusted/`, which its root holds read-only.
 
 The sandbox spec (for fa2_adapters.harness.sandbox's launcher) sets hard limits: no core dumps,
 FILE_LIMIT bytes per file, the runner's memory limit as RLIMIT_DATA where the sandbox probe says
@@ -136,8 +137,10 @@ class ScratchFolder:
         limits = {"RLIMIT_CORE": 0, "RLIMIT_FSIZE": FILE_LIMIT}
         if memory_limit and isolation["data_limit"]:
             limits["RLIMIT_DATA"] = memory_limit
-        spec = {"limits": limits, "uid": self.uid, "namespace": isolation["mode"] == "namespace",
+        spec = {"limits": limits, "uid": self.uid, "namespace": isolation["mode"] in ("namespace", "userns"),
                 "network": isolation["network"]}
+        if isolation["mode"] == "userns":  # no uid of its own: the code it trusts is mounted read-only
+            spec.update(userns=True, readonly=[os.path.realpath(self.trusted)])
         if self.uid is not None:
             limits["RLIMIT_NPROC"] = NPROC_LIMIT
         if spec["namespace"]:  # the runner's root: system folders, Python, its scratch folder

@@ -6,12 +6,13 @@ neither disk nor memory.
 
 A Watchdog is one thread per runner process: it drains that pipe into the tail and, while the
 runner lives, adds up the memory of all its processes (every process of its uid, or of its
-process group without a uid of its own): 4 times a second during a call, every 5 s when idle.
+process group and its PID namespace without a uid of its own): 4 times a second during a call, every 5 s when idle.
 Over the runner's memory limit it kills the runner and says why in `killed_for`, which the
 harness reports as the call's failure.
 
 kill_runner kills the runner's whole process group and, with a uid of its own, every process of
-that uid, so setsid'd and double-forked children die too.
+that uid, or in a PID namespace of its own (sandbox mode "userns"), every process in it, so
+setsid'd and double-forked children die too.
 """
 import os
 import select
@@ -55,10 +56,13 @@ class OutputTail:
 
 def kill_runner(process, uid: int | None) -> None:
     """SIGKILL the runner and anything it spawned, including what left its process group."""
+    pidns = sandbox.pid_namespace(process.pid)  # sandbox mode "userns": read while the launcher lives
     try:
         os.killpg(process.pid, signal.SIGKILL)  # the runner and anything it spawned
     except (ProcessLookupError, PermissionError):
         pass
+    if pidns is not None:
+        sandbox.kill_pidns(pidns)  # what left the group, in the runner's PID namespace (never by uid: the grader's)
     if uid is not None:
         sandbox.kill_uid(uid)  # and what left the group (setsid, double fork)
 
@@ -138,4 +142,4 @@ class Watchdog:
     def _pids(self) -> list:
         if self.uid is not None:
             return sandbox.processes(uid=self.uid)
-        return sandbox.processes(pgid=self.process.pid)
+        return sandbox.processes(pgid=self.process.pid, pidns=sandbox.pid_namespace(self.process.pid))

@@ -1,0 +1,413 @@
+"""Sandbox mode "userns": a grader that is not root confines each runner with an unprivileged user
+namespace (fa2_adapters/harness/sandbox.py), not with nothing.
+
+Two ways in:
+
+- in this process, whoever runs it: GRADER_SANDBOX=userns makes `isolation()` try the user
+  namespace alone (as root too), so the launcher's "userns" path runs for real here, with the
+  grader's uid outside (root's, when the suite runs as root).
+- a real non-root grader: a script run as nobody (setpriv) that starts runners itself. The
+  machine's Python may live under a folder nobody cannot enter (/root, mode 700): the script
+  then runs in a private mount namespace where that folder is a tmpfs holding only the Python
+  install (the host is not changed). Not root: the script runs as this user, as it is.
+
+What a hostile submission must not manage there: read a file outside its root (the project's
+tests/, a file of the grader's temp folder), write the system folders or the Python install,
+change the code it trusts, open a socket other than loopback, see or signal the grader's or
+another runner's processes; and a runner that hangs dies with all its children, setsid'd ones
+too, without the per-uid kill (which would kill the grader: the runner has the grader's uid).
+"""
+import json
+import os
+import shutil
+import signal
+import stat
+import subprocess
+import sys
+import tempfile
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from fa2_adapters.harness import sandbox
+from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
+from tests.self.test_hostile import HOSTILE, ORPHAN_MARK, REQUEST, kill_orphans, make_submission, orphans
+
+NOBODY = 65534
+
+
+@pytest.fixture
+def userns(monkeypatch):
+    """Sandbox mode "userns" for this test's runners, probed afresh (and not cached past it)."""
+    monkeypatch.setenv("GRADER_SANDBOX", "userns")
+    monkeypatch.setattr(sandbox, "_ISOLATION", {})
+    found = sandbox.isolation(tempfile.gettempdir())
+    if found["mode"] != "userns":
+        assert found["mode"] == "none" and "NOT isolated" in found["note"], found  # said, never silent
+        pytest.skip("user namespaces are refused here: " + found["note"][:300])
+    return found
+
+
+@pytest.fixture
+def runners(tmp_path, userns):
+    made = []
+
+    def make(forward: str, head: str = "", **kwargs) -> SubmissionRunner:
+        folder = make_submission(tmp_path / f"sub{len(made)}", forward, head)
+        runner = SubmissionRunner(load_submission(folder), import_timeout=60, **kwargs)
+        assert runner.isolation["mode"] == "userns" and runner.uid is None
+        made.append(runner)
+        return runner
+
+    yield make
+    for runner in made:
+        runner.close()
+
+
+def report(reply) -> dict:
+    assert reply.status == "error" and "REPORT " in reply.message, reply
+    return json.loads(reply.message.split("REPORT ", 1)[1])
+
+
+ATTEMPTS = '''
+import json, os, socket
+out = {}
+def attempt(name, fn):
+    try:
+        fn()
+        out[name] = "allowed"
+    except Exception as exc:
+        out[name] = type(exc).__name__
+'''
+
+
+def attempts(code: str) -> str:
+    """A forward body: `attempt` and `out` defined, then `code`."""
+    return ATTEMPTS + textwrap.dedent(code)
+
+
+def test_note_says_what_userns_confines(userns):
+    note = userns["note"]
+    assert note.startswith("runner isolated: unprivileged user namespaces")
+    for words in ("a root of its own", "read-only", "its own PID namespace", "no capabilities",
+                  "NOT a uid of its own", "the grader's user", "the namespaces alone confine it"):
+        assert words in note, note
+
+
+def test_hostile_runner_is_confined(runners, tmp_path):
+    secret = tmp_path / "outside-scratch.txt"  # the grader's own temp folder, outside the runner's
+    secret.write_text("secret")
+    os.chmod(secret, 0o644)
+    runner = runners(attempts(f'''
+        attempt("read project tests", lambda: open({str(PROJECT_ROOT / "tests/grading/rubric.yaml")!r}).read())
+        attempt("list project", lambda: os.listdir({str(PROJECT_ROOT)!r}))
+        attempt("read grader temp file", lambda: open({str(secret)!r}).read())
+        attempt("write system folder", lambda: open("/usr/PWNED-userns", "x"))
+        attempt("write python install", lambda: open(os.path.join({sys.prefix!r}, "PWNED-userns"), "x"))
+        attempt("write trusted code", lambda: open(os.path.join(os.environ["PYTHONPATH"].split(os.pathsep)[0],
+                                                                "fa2_adapters", "runner", "serve.py"), "a"))
+        attempt("network", lambda: socket.create_connection(("1.1.1.1", 53), timeout=2))
+        attempt("signal every process", lambda: os.kill(-1, 0))
+        attempt("write own scratch", lambda: open("mine.txt", "w").write("ok"))
+        pids = [int(p) for p in os.listdir("/proc") if p.isdigit()]
+        cmdlines = [open(f"/proc/{{p}}/cmdline", "rb").read() for p in pids]
+        out["pids"] = sorted(pids)
+        out["pytest visible"] = any(b"pytest" in c for c in cmdlines)
+        out["capabilities"] = [line.split()[1] for line in open("/proc/self/status") if line.startswith("CapEff")][0]
+        raise RuntimeError("REPORT " + json.dumps(out))
+    '''))
+    out = report(runner.call(REQUEST, timeout=60))
+    denied = ["read project tests", "list project", "read grader temp file", "write system folder",
+              "write python install", "write trusted code", "network", "signal every process"]
+    assert not [name for name in denied if out[name] == "allowed"], out
+    assert out["write own scratch"] == "allowed", out
+    assert out["pids"] == [1, 2] and not out["pytest visible"], out  # its init and itself, nothing else
+    assert int(out["capabilities"], 16) == 0, out
+    assert not (Path("/usr") / "PWNED-userns").exists() and secret.read_text() == "secret"
+
+
+def test_tamper_files_finds_nothing(userns):
+    runner = SubmissionRunner(load_submission(HOSTILE / "tamper_files"), import_timeout=60)
+    try:
+        reply = runner.call(REQUEST, timeout=120)
+        assert reply.ok, reply  # it answers zeros: wrong, but a reply
+        assert "forbidden reads=0 writes=0" in runner.log_tail(), runner.log_tail()[-2000:]
+    finally:
+        runner.close()
+
+
+def test_runners_do_not_see_each_other(runners):
+    mark = f"{ORPHAN_MARK}userns-neighbour"
+    first = runners(f'''
+        import subprocess, sys
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", "{mark}"])
+    ''')
+    try:
+        assert first.call(REQUEST, timeout=60).ok
+        deadline = time.monotonic() + 10
+        while not [c for _, c in orphans() if mark in c] and time.monotonic() < deadline:
+            time.sleep(0.1)
+        assert [c for _, c in orphans() if mark in c], "the first runner's child never started"
+        second = runners(attempts(f'''
+            seen = [open(f"/proc/{{p}}/cmdline", "rb").read() for p in os.listdir("/proc") if p.isdigit()]
+            out["neighbour visible"] = any(b"{mark}" in c for c in seen)
+            raise RuntimeError("REPORT " + json.dumps(out))
+        '''))
+        assert report(second.call(REQUEST, timeout=60)) == {"neighbour visible": False}
+    finally:
+        first.close()
+    assert not [c for _, c in orphans() if mark in c]
+
+
+def test_hang_kills_every_child(runners):
+    """setsid'd and double-forked children leave the process group; the PID namespace keeps them."""
+    mark = f"{ORPHAN_MARK}userns-hang"
+    runner = runners(f'''
+        import os, subprocess, sys
+        sleep = "import time; time.sleep(1000)"
+        subprocess.Popen([sys.executable, "-c", sleep, "{mark}-popen"])
+        if os.fork() == 0:
+            os.setsid()
+            if os.fork() == 0:
+                os.execv(sys.executable, [sys.executable, "-c", sleep, "{mark}-setsid"])
+            os._exit(0)
+        while True:
+            pass
+    ''')
+    try:
+        assert runner.import_failure() is None
+        launcher = runner.process.pid
+        reply = runner.call(REQUEST, timeout=5, what="N=16")
+        assert reply.status == "timeout" and reply.message == "timed out after 5 s in forward (N=16)", reply
+        time.sleep(0.2)
+        left = [c for _, c in orphans() if mark in c]
+        assert not left, left
+        assert not os.path.exists(f"/proc/{launcher}")  # reaped: no zombie
+    finally:
+        kill_orphans()
+
+
+def test_watchdog_counts_setsid_children(runners):
+    """The memory watchdog adds up the runner's PID namespace, not only its process group."""
+    runner = runners('''
+        import os, time, torch
+        kids = []
+        for _ in range(3):
+            pid = os.fork()
+            if pid == 0:
+                os.setsid()
+                x = torch.ones(200 << 20)  # 800 MiB, touched
+                time.sleep(60)
+                os._exit(0)
+            kids.append(pid)
+        for pid in kids:
+            os.waitpid(pid, 0)
+    ''', memory_limit=int(1.5 * (1 << 30)))
+    reply = runner.call(REQUEST, timeout=60)
+    assert reply.status == "crash", reply
+    assert reply.message.startswith("ran out of memory during forward: its processes held"), reply
+
+
+def test_exit_status_and_channel_pass_through(runners):
+    """The launcher and the namespace's init hold none of the runner's pipes and pass on how it died."""
+    crash = runners('''
+        import ctypes
+        ctypes.string_at(0)
+    ''')
+    reply = crash.call(REQUEST, timeout=30, what="N=16")
+    assert reply.status == "crash" and reply.message == "process died with SIGSEGV during forward (N=16)", reply
+    exits = runners('''
+        import os
+        os._exit(3)
+    ''')
+    assert exits.call(REQUEST, timeout=30).message == "exited with status 3 during forward"
+    closes = runners('''
+        import os, sys
+        os.close(int(sys.argv[1])); os.close(int(sys.argv[2]))
+        while True:
+            pass
+    ''')
+    started = time.monotonic()
+    reply = closes.call(REQUEST, timeout=60)
+    assert reply.status == "crash" and "closed the grader's result channel and kept running" in reply.message
+    assert time.monotonic() - started < 20
+
+
+# -- a grader that is not root ----------------------------------------------------------------
+
+NONROOT_GRADER = '''
+import json, os, sys, tempfile
+from pathlib import Path
+sys.path.insert(0, {project!r})
+from fa2_adapters.harness import sandbox
+from fa2_adapters.harness.client import SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
+
+request = json.loads({request!r})
+out = {{"uid": os.getuid(), "isolation": sandbox.isolation(tempfile.gettempdir())}}
+out["project readable here"] = os.access({readme!r}, os.R_OK)
+if out["isolation"]["mode"] == "userns":
+    runner = SubmissionRunner(load_submission(Path({snoop!r})), import_timeout=60)
+    try:
+        reply = runner.call(request, timeout=60)
+        out["snoop"] = [reply.status, reply.message]
+    finally:
+        runner.close()
+    runner = SubmissionRunner(load_submission(Path({hang!r})), import_timeout=60)
+    try:
+        reply = runner.call(request, timeout=4)
+        out["hang"] = [reply.status, reply.message]
+    finally:
+        runner.close()
+print("RESULT " + json.dumps(out))
+'''
+
+
+def _blocking_ancestor(path: str) -> str | None:
+    """The highest folder above `path` that others cannot enter, if any (/root, mode 700)."""
+    parts = Path(path).parts
+    for i in range(2, len(parts)):
+        folder = os.path.join(*parts[:i])
+        if not os.stat(folder).st_mode & stat.S_IXOTH:
+            return folder
+    return None
+
+
+def _as_nobody(script: str, workdir: Path) -> subprocess.CompletedProcess:
+    """Run `script` with this Python as a user that is not root: nobody, where this is root."""
+    python = os.path.realpath(sys.executable)
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": "/tmp",
+           "GRADER_MEMORY_LIMIT_GB": "3"}
+    if os.geteuid() != 0:
+        return subprocess.run([python, "-c", script], env=env, cwd=workdir, capture_output=True, text=True,
+                              timeout=300)
+    for tool in ("setpriv", "unshare", "mount"):
+        if not shutil.which(tool):
+            pytest.skip(f"{tool} (util-linux) is not installed: cannot run a grader as nobody")
+    prefix = os.path.realpath(sys.base_prefix)
+    if not python.startswith(prefix + "/") or not os.stat(PROJECT_ROOT).st_mode & stat.S_IROTH:
+        pytest.skip("this Python or the project is not readable by nobody, even with its folder opened")
+    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
+            python, "-c", script]
+    blocking = _blocking_ancestor(prefix)
+    if blocking is None:
+        return subprocess.run(drop, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+    # a private mount namespace where `blocking` is a tmpfs holding the Python install alone
+    stage = workdir / "python-stage"
+    stage.mkdir()
+    shell = ('set -e; mount --bind "$1" "$2"; mount -t tmpfs -o mode=755 tmpfs "$3"; mkdir -p "$1"; '
+             'mount --bind "$2" "$1"; umount -l "$2"; shift 3; exec "$@"')
+    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh",
+                           prefix, str(stage), blocking, *drop], env=env, cwd=workdir, capture_output=True,
+                          text=True, timeout=300)
+
+
+def test_a_grader_that_is_not_root(tmp_path):
+    """The real case: the grader's process is not root; its runners go into user namespaces."""
+    public = Path(tempfile.mkdtemp(prefix="nonroot-grader-"))  # readable by nobody, unlike tmp_path
+    try:
+        os.chmod(public, 0o777)
+        readme = str(PROJECT_ROOT / "README.md")
+        snoop = make_submission(public / "snoop", attempts(f'''
+            attempt("read project", lambda: open({readme!r}).read())
+            attempt("network", lambda: socket.create_connection(("1.1.1.1", 53), timeout=2))
+            attempt("signal every process", lambda: os.kill(-1, 0))
+            out["pids"] = sorted(int(p) for p in os.listdir("/proc") if p.isdigit())
+            raise RuntimeError("REPORT " + json.dumps(out))
+        '''))
+        hang = make_submission(public / "hang", f'''
+            import os, sys
+            if os.fork() == 0:
+                os.setsid()
+                os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1000)",
+                                          "{ORPHAN_MARK}nonroot-setsid"])
+            while True:
+                pass
+        ''')
+        for path in [public, *public.rglob("*")]:
+            os.chmod(path, 0o755 if path.is_dir() else 0o644)
+        script = NONROOT_GRADER.format(project=str(PROJECT_ROOT), request=json.dumps(REQUEST), readme=readme,
+                                       snoop=str(snoop), hang=str(hang))
+        proc = _as_nobody(script, public)
+        assert proc.returncode == 0 and "RESULT " in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
+        out = json.loads(proc.stdout.split("RESULT ", 1)[1])
+        assert out["uid"] != 0
+        mode, note = out["isolation"]["mode"], out["isolation"]["note"]
+        if mode == "none":  # user namespaces refused here: said in words, never silently
+            assert note.startswith("runner NOT isolated: the grader is not root and user namespaces were refused")
+            pytest.skip("unprivileged user namespaces are refused on this machine: " + note[:300])
+        assert mode == "userns" and "the grader is not root" in note, out
+        assert out["project readable here"], "the grader's user can read the project: the test shows nothing"
+        status, message = out["snoop"]
+        assert status == "error" and "REPORT " in message, out
+        seen = json.loads(message.split("REPORT ", 1)[1])
+        assert seen == {"read project": "FileNotFoundError", "network": "OSError",
+                        "signal every process": "ProcessLookupError", "pids": [1, 2]}, seen
+        assert out["hang"] == ["timeout", "timed out after 4 s in forward"], out
+        time.sleep(0.2)
+        assert not [c for _, c in orphans() if f"{ORPHAN_MARK}nonroot" in c]
+    finally:
+        kill_orphans()
+        shutil.rmtree(public, ignore_errors=True)
+
+
+def test_root_modes_unchanged_without_the_switch(monkeypatch):
+    """GRADER_SANDBOX=userns is the only way a root grader gets a user namespace."""
+    if os.geteuid() != 0:
+        pytest.skip("not root: the root modes are not tried here")
+    monkeypatch.delenv("GRADER_SANDBOX", raising=False)
+    monkeypatch.setattr(sandbox, "_ISOLATION", {})
+    assert sandbox.isolation(tempfile.gettempdir())["mode"] in ("namespace", "uid")
+
+
+def test_pid_namespace_of_a_plain_process_is_none():
+    """Outside mode "userns" kill_runner and the watchdog see no PID namespace: as before."""
+    proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
+    try:
+        assert sandbox.pid_namespace(proc.pid) is None
+        assert sandbox.processes(pgid=proc.pid) == [proc.pid]
+    finally:
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert sandbox.pid_namespace(proc.pid) is None
+
+
+def test_reports_name_the_userns_caveat(tmp_path):
+    """The submission page says in words that a "userns" runner had no uid of its own; the class
+    page counts such runners apart from the isolated and the NOT isolated ones."""
+    from reporting import build_reports
+
+    reports = tmp_path / "reports"
+    shutil.copytree(Path(__file__).parent / "fixtures" / "results", reports)
+    note = "runner isolated: unprivileged user namespaces (the grader is not root): a root of its own"
+    path = reports / "alice" / "results.json"
+    data = json.loads(path.read_text())
+    data["extra_data"]["isolation"] = {"mode": "userns", "note": note}
+    path.write_text(json.dumps(data))
+    build_reports(reports)
+    page = (reports / "alice" / "index.html").read_text()
+    assert ("<dd><strong>user namespaces only, no uid of its own (outside them it ran as the grading user)"
+            f"</strong>: {note}</dd>") in page
+    index = (reports / "index.html").read_text()
+    assert "1 graded with their code confined by user namespaces only (no uid of its own" in index
+    assert "NOT isolated" not in index
+
+
+def test_refused_user_namespace_falls_back_in_words(monkeypatch):
+    """Where the user namespace cannot be set up, the runner goes unconfined and the note says so
+    and why: never silently."""
+    launch_command = sandbox.launch_command
+
+    def refused(spec, argv):  # the launcher fails in mode "userns" alone, as where the kernel refuses it
+        return launch_command({**spec, "scratch": "/nonexistent-scratch"} if spec.get("userns") else spec, argv)
+
+    monkeypatch.setenv("GRADER_SANDBOX", "userns")
+    monkeypatch.setattr(sandbox, "_ISOLATION", {})
+    monkeypatch.setattr(sandbox, "launch_command", refused)
+    found = sandbox.isolation(tempfile.gettempdir())
+    assert found["mode"] == "none", found
+    assert found["note"].startswith("runner NOT isolated: "), found
+    assert "userns+net: [grader] the runner's sandbox could not be set up" in found["note"], found
