@@ -38,10 +38,10 @@ def outcomes(reports: Path) -> dict:
     found = {}
     for path in reports.glob("*/results.json"):
         results = json.loads(path.read_text())
-        modes = (results["extra_data"].get("isolation") or {}).get("mode")
+        mode = (results["extra_data"].get("isolation") or {}).get("mode")
         for t in results["tests"]:
             found[t["name"]] = (t.get("status"), t["score"])
-        found[f"{path.parent.name}: isolation"] = modes
+        found[f"{path.parent.name}: isolation"] = mode
     return found
 
 

@@ -451,21 +451,27 @@ def test_out_of_memory_in_the_runner(runner_for):
     assert runner.call(REQUEST, timeout=30).status == "crash"  # a fresh runner, out of memory again
 
 
-def test_memory_watchdog_counts_every_process(runner_for):
-    """Per-process limits let each child allocate; the watchdog adds them all up."""
-    runner = runner_for('''
+def children_holding_memory(leave_group: bool = False) -> str:
+    """A forward whose 3 children each touch 800 MiB and wait; with `leave_group` they setsid first."""
+    return f'''
         import os, time, torch
         kids = []
         for _ in range(3):
             pid = os.fork()
             if pid == 0:
+                {"os.setsid()" if leave_group else "pass"}
                 x = torch.ones(200 << 20)  # 800 MiB, touched
                 time.sleep(60)
                 os._exit(0)
             kids.append(pid)
         for pid in kids:
             os.waitpid(pid, 0)
-    ''', memory_limit=int(1.5 * (1 << 30)))
+    '''
+
+
+def test_memory_watchdog_counts_every_process(runner_for):
+    """Per-process limits let each child allocate; the watchdog adds them all up."""
+    runner = runner_for(children_holding_memory(), memory_limit=int(1.5 * (1 << 30)))
     reply = runner.call(REQUEST, timeout=60)
     assert reply.status == "crash", reply
     assert reply.message.startswith("ran out of memory during forward: its processes held"), reply

@@ -34,7 +34,15 @@ import pytest
 from fa2_adapters.harness import sandbox
 from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
-from tests.self.test_hostile import HOSTILE, ORPHAN_MARK, REQUEST, kill_orphans, make_submission, orphans
+from tests.self.test_hostile import (
+    HOSTILE,
+    ORPHAN_MARK,
+    REQUEST,
+    children_holding_memory,
+    kill_orphans,
+    make_submission,
+    orphans,
+)
 
 NOBODY = 65534
 
@@ -192,20 +200,7 @@ def test_hang_kills_every_child(runners):
 
 def test_watchdog_counts_setsid_children(runners):
     """The memory watchdog adds up the runner's PID namespace, not only its process group."""
-    runner = runners('''
-        import os, time, torch
-        kids = []
-        for _ in range(3):
-            pid = os.fork()
-            if pid == 0:
-                os.setsid()
-                x = torch.ones(200 << 20)  # 800 MiB, touched
-                time.sleep(60)
-                os._exit(0)
-            kids.append(pid)
-        for pid in kids:
-            os.waitpid(pid, 0)
-    ''', memory_limit=int(1.5 * (1 << 30)))
+    runner = runners(children_holding_memory(leave_group=True), memory_limit=int(1.5 * (1 << 30)))
     reply = runner.call(REQUEST, timeout=60)
     assert reply.status == "crash", reply
     assert reply.message.startswith("ran out of memory during forward: its processes held"), reply
@@ -249,17 +244,13 @@ from fa2_adapters.harness.discover import load_submission
 request = json.loads({request!r})
 out = {{"uid": os.getuid(), "isolation": sandbox.isolation(tempfile.gettempdir())}}
 out["project readable here"] = os.access({readme!r}, os.R_OK)
-if out["isolation"]["mode"] == "userns":
-    runner = SubmissionRunner(load_submission(Path({snoop!r})), import_timeout=60)
+for name, folder, timeout in [("snoop", {snoop!r}, 60), ("hang", {hang!r}, 4)]:
+    if out["isolation"]["mode"] != "userns":
+        break
+    runner = SubmissionRunner(load_submission(Path(folder)), import_timeout=60)
     try:
-        reply = runner.call(request, timeout=60)
-        out["snoop"] = [reply.status, reply.message]
-    finally:
-        runner.close()
-    runner = SubmissionRunner(load_submission(Path({hang!r})), import_timeout=60)
-    try:
-        reply = runner.call(request, timeout=4)
-        out["hang"] = [reply.status, reply.message]
+        reply = runner.call(request, timeout=timeout)
+        out[name] = [reply.status, reply.message]
     finally:
         runner.close()
 print("RESULT " + json.dumps(out))
