@@ -10,12 +10,16 @@ TRITON_CACHE_AUTOTUNING=1 in the runner's environment Triton keeps autotuning re
 What a runner writes is untrusted, so the copy is one submission's own: no submission ever
 reads a file another wrote, and a poisoned entry can only hurt the grading of the one who
 wrote it. Triton keys entries by the kernel's source and the compiler, so a changed kernel
-misses the cache instead of reading a stale one. Only regular files with one link are copied
+misses the cache instead of reading a stale one. A compiled kernel is a group of files whose
+index (`__grp__<name>.json`) holds their absolute paths, which name the last runner's scratch
+folder; bring_in points them at the new folder, or Triton finds them gone and compiles again
+(it did, in every runner, until this was measured on an H100: notes/grading-speed.md). Only regular files with one link are copied
 back (never a link, a device or a hard link to a file elsewhere), each under MAX_FILE bytes and
 MAX_TOTAL in all, and each is written whole (a temporary file, then a rename), so two runners
 of one submission finishing at once leave one of their copies, never a mix.
 """
 import hashlib
+import json
 import os
 import shutil
 import stat
@@ -62,12 +66,27 @@ def _copy_file(source: str, target: Path, uid: int | None) -> None:
     os.replace(temporary, target)
 
 
+def _relocate_group(index: Path) -> None:
+    """Point a kernel group's index at its files in this folder: the same names, beside it.
+    Only the names are read from the (untrusted) index; a file it names elsewhere is dropped,
+    and an index that does not parse is removed, so Triton compiles that kernel again."""
+    try:
+        children = json.loads(index.read_text())["child_paths"]
+        relocated = {str(name): str(index.parent / os.path.basename(str(path))) for name, path in children.items()}
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        index.unlink(missing_ok=True)
+        return
+    index.write_text(json.dumps({"child_paths": relocated}))
+
+
 def bring_in(kept: Path, cache: Path, uid: int | None) -> int:
     """Copy the kept kernels into a runner's empty cache folder; the number of files."""
     count = 0
     if kept.is_dir():
         for relative, _ in _regular_files(kept):
             _copy_file(str(kept / relative), cache / relative, uid)
+            if os.path.basename(relative).startswith("__grp__"):
+                _relocate_group(cache / relative)
             count += 1
     if uid is not None:  # the folders too: the runner adds to them
         for directory, _, _ in os.walk(cache):

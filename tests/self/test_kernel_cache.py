@@ -1,6 +1,8 @@
 """The kept Triton cache (fa2_adapters/harness/kernel_cache.py): what comes back from a runner's
 scratch folder, and what never does."""
+import json
 import os
+from pathlib import Path
 
 from fa2_adapters.harness import kernel_cache
 from fa2_adapters.harness.discover import load_submission
@@ -52,3 +54,36 @@ def test_only_plain_files_come_back(tmp_path):
         ["k/huge.bin", "k/kernel.json"]
     assert copied == 2
     assert kernel_cache.take_back(cache, kept) == 0  # the same entries: nothing to copy again
+
+
+def test_a_kept_kernel_is_found_by_the_next_runner(tmp_path, monkeypatch):
+    """Triton indexes a compiled kernel's files by absolute path (a group file): the next runner,
+    in another scratch folder, must find them through Triton's own cache manager, or it compiles
+    the kernel again (it did: notes/grading-speed.md)."""
+    from triton.runtime.cache import get_cache_manager
+    key = "ab" * 32
+    first, kept, second = tmp_path / "first", tmp_path / "kept", tmp_path / "second"
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(first))
+    manager = get_cache_manager(key)
+    cubin = manager.put(b"\x7fELF kernel", "_attn_fwd.cubin")
+    manager.put_group("_attn_fwd.json", {"_attn_fwd.cubin": cubin, "_attn_fwd.json": manager.put("{}", "_attn_fwd.json")})
+    kernel_cache.take_back(first, kept)
+    for path in list(first.rglob("*"))[::-1]:
+        path.unlink() if path.is_file() else path.rmdir()  # the first runner's folder is gone
+
+    kernel_cache.bring_in(kept, second, uid=None)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(second))
+    group = get_cache_manager(key).get_group("_attn_fwd.json")
+    assert group is not None and sorted(group) == ["_attn_fwd.cubin", "_attn_fwd.json"]
+    assert all(Path(p).is_relative_to(second) for p in group.values())
+    assert Path(group["_attn_fwd.cubin"]).read_bytes() == b"\x7fELF kernel"
+
+
+def test_a_kernel_index_cannot_point_outside_its_folder(tmp_path):
+    kept, cache = tmp_path / "kept", tmp_path / "cache"
+    (kept / "k").mkdir(parents=True)
+    (kept / "k" / "__grp__a.json").write_text(json.dumps({"child_paths": {"a.cubin": "/etc/shadow"}}))
+    (kept / "k" / "__grp__b.json").write_text("not json")
+    kernel_cache.bring_in(kept, cache, uid=None)
+    assert json.loads((cache / "k" / "__grp__a.json").read_text()) == {"child_paths": {"a.cubin": str(cache / "k" / "shadow")}}
+    assert not (cache / "k" / "__grp__b.json").exists()
