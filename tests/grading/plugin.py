@@ -106,8 +106,7 @@ class Grading:
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
-        self.threads = max(1, (os.cpu_count() or 1) // workers)
+        self.threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
         torch.set_num_threads(self.threads)
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
@@ -115,8 +114,7 @@ class Grading:
         # On a GPU, under xdist, several workers share one submission (tests/grading/shards.py);
         # the plugin sets the shard of the test under way, and each (submission, shard) has its
         # runner. On a CPU there is no compiling to spread, only runner starts to add.
-        self.sharded = self.on_gpu and workers > 1
-        self.fine_shards = self.sharded and len(self.submissions) < workers  # shards.py says why
+        self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
         self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
@@ -349,8 +347,7 @@ class GradingPlugin:
         for item in items:
             name = submission_of(item)
             if name is not None:
-                item.grading_shard = shards.shard_of(item, self.state.stubs[name], self.state.fine_shards) \
-                    if self.state.sharded else ""
+                item.grading_shard = shards.shard_of(item, self.state.stubs[name]) if self.state.sharded else ""
                 if grouping:
                     item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
                 item.grading_nodeid = item.nodeid  # without the "@group" xdist appends

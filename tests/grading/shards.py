@@ -7,14 +7,7 @@ after another, and one submission took over 9 minutes on an H100 (notes/grading-
 So a submission's tests are split into shards that share nothing but the student's code:
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
-  two shards compile the same kernel, and each shard's autotuning covers its own lengths.
-  With fewer submissions than workers (`fine`), the cases of such a key are split further
-  by what else Triton specializes a kernel on: a length that is not a multiple of 16 (or is
-  1) and strided inputs compile a kernel of their own, so each such case gets a shard, and
-  only the aligned cases share one. On an H100 a shard of the reference's 7 fp32 causal d=64
-  cases took 80 s, one compile after another, while other workers sat idle
-  (notes/grading-speed.md). With as many submissions as workers every worker already has
-  work, and a finer split would only add runner starts;
+  two shards compile the same kernel, and each shard's autotuning covers its own lengths;
 - the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
   ranks from one call to the next (fa2_adapters/runner/ranks.py RankPool), so one spawn serves
@@ -39,15 +32,8 @@ def is_distributed(item) -> bool:
     return item.module.__name__.rsplit(".", 1)[-1] in ("test_distributed", "test_fsdp")
 
 
-def compiles_alone(case) -> bool:
-    """Whether a case needs a Triton specialization of its own: Triton specializes integer
-    arguments on being a multiple of 16 or equal to 1, and pointers and strides on alignment."""
-    return case.noncontiguous or any(n % 16 or n == 1 for n in (case.n_queries, case.n_keys))
-
-
-def shard_of(item, stubs: set, fine: bool = False) -> str:
-    """The shard of a grading test, from its module, its name and its parameters; `fine`
-    splits the Triton slot by specialization too (see the module's docstring)."""
+def shard_of(item, stubs: set) -> str:
+    """The shard of a grading test, from its module, its name and its parameters."""
     params = item.callspec.params
     module = item.module.__name__.rsplit(".", 1)[-1]
     if module in ("test_timing", "test_memory"):
@@ -58,9 +44,7 @@ def shard_of(item, stubs: set, fine: bool = False) -> str:
     case = params.get("case")
     if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
         return slot
-    shard = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}-d{case.head_dim}"
-    return f"{shard}-{case.n_queries}x{case.n_keys}{'-strided' if case.noncontiguous else ''}" \
-        if fine and compiles_alone(case) else shard
+    return f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}-d{case.head_dim}"
 
 
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a class

@@ -24,23 +24,6 @@ def test_triton_cases_split_by_what_triton_compiles_for():
         == "triton-fp32-full-d16"
 
 
-def test_fine_shards_give_each_odd_specialization_its_own():
-    """With fewer submissions than workers: a case Triton compiles apart (a length not a multiple
-    of 16, a length of 1, strided inputs) gets its own shard; aligned cases share the key's."""
-    def shard(case):
-        return shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="robustness", case=case),
-                               set(), fine=True)
-    assert shard(CASE) == "triton-bf16-causal-d64-113x203"
-    assert shard(FlashCase(batch=(2,), n_queries=1, n_keys=240, head_dim=64)) == "triton-fp32-full-d64-1x240"
-    assert shard(FlashCase(batch=(2, 3), n_queries=512, n_keys=512, head_dim=64, noncontiguous=True)) \
-        == "triton-fp32-full-d64-512x512-strided"
-    aligned = {shard(FlashCase(batch=b, n_queries=n, n_keys=n, head_dim=64)) for b, n in [((4,), 128), ((2, 3), 512)]}
-    assert aligned == {"triton-fp32-full-d64"}
-    stub = {FLASH_SLOTS["triton"]}
-    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub,
-                           fine=True) == "triton"
-
-
 def test_a_stubbed_triton_slot_stays_one_shard():
     stub = {FLASH_SLOTS["triton"]}
     assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
