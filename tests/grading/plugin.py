@@ -294,6 +294,11 @@ class GradingPlugin:
         # group, and workers tag each test id with its group, which they do only under loadgroup.
         if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
+        # Groups go out in collection order, which puts the longest first (the sort below), not
+        # the most tests first, xdist's default since 3.6: that sent a submission's one-test
+        # timing shard (60 s) last, and on an H100 a lone submission ended 40 s later for it.
+        if hasattr(config.option, "loadscopereorder"):
+            config.option.loadscopereorder = False
         if self.is_worker:
             config.option.loadgroup = True
 
