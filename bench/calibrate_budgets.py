@@ -2,7 +2,7 @@
 
     python bench/calibrate_budgets.py [--runs 20]
 
-For each slot it measures, with the suite's own `median_ms` (the runner call timed from the
+For each slot it measures, with the suite's own `medians_ms` (the runner call timed from the
 outside, inputs rotated through fresh seeds), the ratio student / reference for
   - the reference against a second runner of itself: a budget must never fail it;
   - submissions/slow/tiles16 (correct, 16x16 tiles): a budget must fail it every time,
@@ -19,7 +19,7 @@ sys.path.insert(0, str(ROOT))
 from fa2_adapters.harness.client import SubmissionRunner  # noqa: E402
 from fa2_adapters.harness.discover import load_submission  # noqa: E402
 from fa2_adapters.wire.cases import FlashCase  # noqa: E402
-from tests.grading.flash_checks import median_ms  # noqa: E402
+from tests.grading.flash_checks import medians_ms  # noqa: E402
 from tests.grading.rubric import Rubric  # noqa: E402
 
 
@@ -43,10 +43,9 @@ def main():
                 request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": 100 + run,
                            "device": "cuda"}
                 times = {}
-                for name, runner in runners.items():
-                    ms, reply = median_ms(runner, request, 600, budget)
+                for name, (ms, reply) in zip(runners, medians_ms(list(runners.values()), request, 600, budget)):
                     if ms is None:
-                        raise SystemExit(f"{name} failed: {reply.status} {reply.message}")
+                        raise SystemExit(f"{name} failed: {reply.status} {reply.message}" if reply else f"{name}: not timed")
                     times[name] = ms
                 ratios["reference"].append(times["reference-again"] / times["reference"])
                 ratios["tiles16"].append(times["tiles16"] / times["reference"])

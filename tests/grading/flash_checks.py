@@ -54,16 +54,20 @@ def run_case(grading, submission, slot, case, warmup=False, device=None):
                                flash_timeout(grading, slot, device), what)
 
 
-def median_ms(runner, request, timeout, budget):
-    """Median over `repeats` runner calls of the time per forward+backward, timed from outside."""
-    times, reply = [], None
+def medians_ms(runners, request, timeout, budget):
+    """For each runner, (median over `repeats` calls of the time per forward+backward, timed from
+    outside, and its last reply). The runners take turns call by call, so a GPU that other
+    workers load unevenly over the minutes loads each side alike. After a failed call nothing
+    more is timed: that runner gets (None, the failed reply), those not yet timed (None, None)."""
+    times, replies = [[] for _ in runners], [None] * len(runners)
     for r in range(budget["repeats"]):
         seeds = [request["seed"] + 1000 * r + i for i in range(budget["iters"])]
-        reply = runner.call({**request, "seeds": seeds}, timeout)
-        if not reply.ok:
-            return None, reply
-        times.append((reply.phases["saving"] - reply.phases["timed"]) * 1000 / budget["iters"])
-    return sorted(times)[len(times) // 2], reply
+        for i, runner in enumerate(runners):
+            replies[i] = runner.call({**request, "seeds": seeds}, timeout)
+            if not replies[i].ok:
+                return [(None, reply if j <= i else None) for j, reply in enumerate(replies)]
+            times[i].append((replies[i].phases["saving"] - replies[i].phases["timed"]) * 1000 / budget["iters"])
+    return [(sorted(t)[len(t) // 2], reply) for t, reply in zip(times, replies)]
 
 
 # -- refusing a head dim the handout does not promise -------------------------------------------
