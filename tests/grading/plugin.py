@@ -359,13 +359,19 @@ class GradingPlugin:
                 self.collected.setdefault(name, set()).add(item.nodeid)
                 if not last_failed and (module := item.nodeid.split("::", 1)[0]) not in partial:
                     self.modules.add(module)
+        if not self.is_worker:
+            self._save_collected()
+
+    # Last: pytest's own hook (fixtures.py, reorder_items) regroups the items by the session-scoped
+    # `submission` parameter after every tryfirst hook, which undid this sort on an H100 run: a
+    # lone submission's PyTorch and distributed shards went out before its heavy Triton shards.
+    @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+    def pytest_collection_modifyitems_heavy_first(self, items):
         # Every worker sorts alike, as xdist requires (the sorts are stable).
         if self.state.sharded:
             items.sort(key=lambda item: shards.cost_rank(getattr(item, "grading_shard", "")))
         else:  # a runner's distributed checks one after another: its ranks serve them all
             items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
-        if not self.is_worker:
-            self._save_collected()
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
