@@ -108,6 +108,10 @@ class Grading:
         # oracles and each runner's matmuls would use every core at once.
         self.threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
         torch.set_num_threads(self.threads)
+        # The worker's own CUDA work (oracles, the timing check's SDPA) on its runners' GPU: on two
+        # H200s every worker's went to GPU 0 (22 processes there, 2 on the other, most of a run).
+        if os.environ.get("PYTEST_XDIST_WORKER") and (gpu := self.worker_gpu()) is not None:
+            torch.cuda.set_device(gpu)
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
@@ -136,11 +140,16 @@ class Grading:
         """What a runner of this worker gets besides the harness's own environment: the Triton
         interpreter without a GPU, this worker's GPU on a host of several, its share of the cores."""
         env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
-        worker = os.environ.get("PYTEST_XDIST_WORKER", "gw0")  # pin workers to GPUs round-robin
-        if self.on_gpu and torch.cuda.device_count() > 1 and "CUDA_VISIBLE_DEVICES" not in os.environ:
-            env["CUDA_VISIBLE_DEVICES"] = str(int(worker.lstrip("gw") or 0) % torch.cuda.device_count())
+        if (gpu := self.worker_gpu()) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         env["OMP_NUM_THREADS"] = str(self.threads)
         return env
+
+    def worker_gpu(self):
+        """This worker's GPU on a host of several (workers pinned round-robin), else None."""
+        if not self.on_gpu or torch.cuda.device_count() < 2 or "CUDA_VISIBLE_DEVICES" in os.environ:
+            return None
+        return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % torch.cuda.device_count()
 
     def kept_kernels(self, root, shard: str):
         """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,

@@ -1,0 +1,29 @@
+"""Workers on a host of several GPUs (tests/grading/plugin.py Grading.worker_gpu): round-robin,
+the same GPU for a worker's own CUDA work and for its runners, none where the user chose."""
+from types import SimpleNamespace
+
+import torch
+
+from tests.grading.plugin import Grading
+
+
+def pinned(monkeypatch, worker, gpus, on_gpu=True, visible=None):
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: gpus)
+    monkeypatch.setenv("PYTEST_XDIST_WORKER", worker)
+    if visible is None:
+        monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
+    grading = SimpleNamespace(on_gpu=on_gpu, threads=1)
+    grading.worker_gpu = lambda: Grading.worker_gpu(grading)
+    return Grading.worker_gpu(grading), Grading.worker_env(grading).get("CUDA_VISIBLE_DEVICES")
+
+
+def test_workers_go_round_robin(monkeypatch):
+    assert [pinned(monkeypatch, f"gw{i}", 2) for i in range(4)] == [(0, "0"), (1, "1"), (0, "0"), (1, "1")]
+
+
+def test_no_pinning_with_one_gpu_none_or_a_users_choice(monkeypatch):
+    assert pinned(monkeypatch, "gw3", 1) == (None, None)
+    assert pinned(monkeypatch, "gw3", 2, on_gpu=False) == (None, None)
+    assert pinned(monkeypatch, "gw3", 2, visible="2,3") == (None, None)
