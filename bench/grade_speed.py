@@ -67,9 +67,8 @@ def runner_starts(reports: Path) -> dict:
     ("runner ready in X s", fa2_adapters/harness/client.py)."""
     seconds = []
     for path in reports.glob("*/results.json"):
-        logs = json.loads(path.read_text()).get("extra_data", {}).get("runner_logs") or {}
-        for log in logs.values():
-            seconds += [float(m) for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
+        log = json.loads(path.read_text()).get("extra_data", {}).get("runner_log_tail") or ""  # every shard's
+        seconds += [float(m) for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
     seconds.sort()
     return {"count": len(seconds), "total_s": round(sum(seconds), 1),
             "median_s": seconds[len(seconds) // 2] if seconds else None, "max_s": max(seconds, default=None)}
