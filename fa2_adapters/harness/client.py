@@ -233,10 +233,11 @@ class SubmissionRunner:
             return None
 
     def import_failure(self) -> "Reply | None":
-        """The import_error Reply every call would get (starting the runner to find out), or None."""
+        """The import_error Reply every call would get, or None. Like a call, it starts the runner
+        if none is running (the first time, or after a crash), so the caller's thread starts it."""
         if self.submission.problem:
             return Reply("import_error", self.submission.problem)
-        if self.process is None and not self.ready:
+        if self.process is None and not (self.ready and self.ready.get("import_error")):
             self.start()
         if self.ready and self.ready.get("import_error"):
             return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))

@@ -67,10 +67,15 @@ def test_budget(grading, submission, check, slot):
     grading.fail_if_stub(c, submission, FLASH_SLOTS[slot])
     request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
-    student, reference = grading.runner(submission), reference_runner(grading)
+    # Both runners start here, in this thread: a runner dies with the thread that started it
+    # (sandbox.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
+    # student's adapters import.
+    student = grading.runner(submission)
+    if (failure := student.import_failure()) is not None:
+        c.settle_reply(failure)
+    reference = reference_runner(grading)
     try:
-        for runner in (student, reference):  # started here: a runner dies with the thread that started it
-            runner.import_failure()              # (sandbox.py's PR_SET_PDEATHSIG), and pool threads end
+        reference.import_failure()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
         (student_ms, reply), (reference_ms, ref_reply) = medians_ms((student, reference), request, timeout, budget)

@@ -422,6 +422,20 @@ def test_fresh_runner_after_a_crash(runner_for):
     assert second.ok, second
 
 
+def test_import_failure_restarts_a_crashed_runner_here(runner_for):
+    """The timing check starts its runners with import_failure() in the test's own thread before
+    calling them from a pool: a runner restarted lazily inside a pool thread would be killed when
+    that thread ends (PR_SET_PDEATHSIG follows the thread)."""
+    runner = runner_for('''
+        import ctypes, os
+        if not os.path.exists("crashed-once"):
+            open("crashed-once", "w").close()
+            ctypes.string_at(0)
+    ''')
+    assert runner.call(REQUEST, timeout=30).status == "crash" and runner.process is None
+    assert runner.import_failure() is None and runner.process is not None
+    assert runner.call(REQUEST, timeout=30).ok
+
 def test_fresh_runner_after_a_cuda_error(runner_for):
     """A CUDA error poisons the context: the runner says so and the next call gets a new one
     (simulated here by the error's message, which is what the runner looks at)."""
