@@ -45,7 +45,8 @@ def main():
                 times = {}
                 for name, (ms, reply) in zip(runners, medians_ms(list(runners.values()), request, 600, budget)):
                     if ms is None:
-                        raise SystemExit(f"{name} failed: {reply.status} {reply.message}" if reply else f"{name}: not timed")
+                        why = f"failed: {reply.status} {reply.message}" if reply else "not timed"
+                        raise SystemExit(f"{name} {why}")
                     times[name] = ms
                 ratios["reference"].append(times["reference-again"] / times["reference"])
                 ratios["tiles16"].append(times["tiles16"] / times["reference"])

@@ -66,7 +66,8 @@ def test_a_kept_kernel_is_found_by_the_next_runner(tmp_path, monkeypatch):
     monkeypatch.setenv("TRITON_CACHE_DIR", str(first))
     manager = get_cache_manager(key)
     cubin = manager.put(b"\x7fELF kernel", "_attn_fwd.cubin")
-    manager.put_group("_attn_fwd.json", {"_attn_fwd.cubin": cubin, "_attn_fwd.json": manager.put("{}", "_attn_fwd.json")})
+    metadata = manager.put("{}", "_attn_fwd.json")
+    manager.put_group("_attn_fwd.json", {"_attn_fwd.cubin": cubin, "_attn_fwd.json": metadata})
     kernel_cache.take_back(first, kept)
     for path in list(first.rglob("*"))[::-1]:
         path.unlink() if path.is_file() else path.rmdir()  # the first runner's folder is gone
@@ -85,5 +86,6 @@ def test_a_kernel_index_cannot_point_outside_its_folder(tmp_path):
     (kept / "k" / "__grp__a.json").write_text(json.dumps({"child_paths": {"a.cubin": "/etc/shadow"}}))
     (kept / "k" / "__grp__b.json").write_text("not json")
     kernel_cache.bring_in(kept, cache, uid=None)
-    assert json.loads((cache / "k" / "__grp__a.json").read_text()) == {"child_paths": {"a.cubin": str(cache / "k" / "shadow")}}
+    group = json.loads((cache / "k" / "__grp__a.json").read_text())
+    assert group == {"child_paths": {"a.cubin": str(cache / "k" / "shadow")}}
     assert not (cache / "k" / "__grp__b.json").exists()

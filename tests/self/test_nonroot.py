@@ -267,14 +267,17 @@ def _blocking_ancestor(path: str) -> str | None:
     return None
 
 
-def _as_nobody(script: str, workdir: Path) -> subprocess.CompletedProcess:
-    """Run `script` with this Python as a user that is not root: nobody, where this is root."""
+def as_nobody(script: str, workdir: Path, env: dict | None = None,
+              timeout: float = 300) -> subprocess.CompletedProcess:
+    """Run `script` with this Python as a user that is not root: nobody, where this is root.
+    `workdir` (its cwd and HOME) must be nobody's to write; `env` adds to its small environment.
+    Skips the calling test where util-linux's tools are missing or nobody cannot read Python."""
     python = os.path.realpath(sys.executable)
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": "/tmp",
-           "GRADER_MEMORY_LIMIT_GB": "3"}
+           "GRADER_MEMORY_LIMIT_GB": "3", **(env or {})}
     if os.geteuid() != 0:
         return subprocess.run([python, "-c", script], env=env, cwd=workdir, capture_output=True, text=True,
-                              timeout=300)
+                              timeout=timeout)
     for tool in ("setpriv", "unshare", "mount"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} (util-linux) is not installed: cannot run a grader as nobody")
@@ -285,7 +288,7 @@ def _as_nobody(script: str, workdir: Path) -> subprocess.CompletedProcess:
             python, "-c", script]
     blocking = _blocking_ancestor(prefix)
     if blocking is None:
-        return subprocess.run(drop, env=env, cwd=workdir, capture_output=True, text=True, timeout=300)
+        return subprocess.run(drop, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
     # a private mount namespace where `blocking` is a tmpfs holding the Python install alone
     stage = workdir / "python-stage"
     stage.mkdir()
@@ -293,7 +296,7 @@ def _as_nobody(script: str, workdir: Path) -> subprocess.CompletedProcess:
              'mount --bind "$2" "$1"; umount -l "$2"; shift 3; exec "$@"')
     return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh",
                            prefix, str(stage), blocking, *drop], env=env, cwd=workdir, capture_output=True,
-                          text=True, timeout=300)
+                          text=True, timeout=timeout)
 
 
 def test_a_grader_that_is_not_root(tmp_path):
@@ -322,7 +325,7 @@ def test_a_grader_that_is_not_root(tmp_path):
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
         script = NONROOT_GRADER.format(project=str(PROJECT_ROOT), request=json.dumps(REQUEST), readme=readme,
                                        snoop=str(snoop), hang=str(hang))
-        proc = _as_nobody(script, public)
+        proc = as_nobody(script, public)
         assert proc.returncode == 0 and "RESULT " in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
         out = json.loads(proc.stdout.split("RESULT ", 1)[1])
         assert out["uid"] != 0
