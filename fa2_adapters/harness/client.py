@@ -47,13 +47,15 @@ LOG_TAIL_BYTES = 8192
 MAX_PHASES = 64
 
 
-def _memory_limit() -> int:
+def runner_memory_limit(workers: int | None = None) -> int:
     """Bytes for one runner (all its processes): GRADER_MEMORY_LIMIT_GB, or 80% of the machine's
-    memory shared among the pytest-xdist workers. 0 turns the limit off."""
+    memory shared among the pytest-xdist workers (this process's count unless given). 0 turns
+    the limit off."""
     if "GRADER_MEMORY_LIMIT_GB" in os.environ:
         return int(float(os.environ["GRADER_MEMORY_LIMIT_GB"]) * (1 << 30))
     total = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
-    return int(0.8 * total / max(1, int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))))
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) if workers is None else workers
+    return int(0.8 * total / max(1, workers))
 
 
 @dataclass
@@ -86,7 +88,7 @@ class SubmissionRunner:
         self.submission = submission
         self.env = env or {}
         self.import_timeout = import_timeout
-        self.memory_limit = _memory_limit() if memory_limit is None else memory_limit
+        self.memory_limit = runner_memory_limit() if memory_limit is None else memory_limit
         # probed with this runner's own limit: an RLIMIT_DATA that works may break a smaller one
         self.isolation = sandbox.isolation(tempfile.gettempdir(), self.memory_limit)
         self.uid = sandbox.claim_uid() if self.isolation["mode"] in ("namespace", "uid") else None

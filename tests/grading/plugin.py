@@ -18,6 +18,9 @@ student's code does wrong reaches the tests as a runner Reply and fails through 
 """
 import os
 import platform
+import shutil
+import tempfile
+import threading
 import time
 import traceback
 from collections import Counter
@@ -26,8 +29,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa2_adapters.harness import kernel_cache
-from fa2_adapters.harness.client import SubmissionRunner
+from fa2_adapters.harness import kernel_cache, shared_probe
+from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
@@ -45,6 +48,12 @@ def case_data(case) -> tuple:
     label, case = case if isinstance(case, tuple) else (case.id, case)
     fields = {key: list(value) if isinstance(value, tuple) else value for key, value in case.to_json().items()}
     return label, fields
+
+
+def warm_up_cuda(device: torch.device) -> None:
+    """Create this process's CUDA context and load cuBLAS, as the float64 oracles will."""
+    x = torch.ones(64, 64, dtype=torch.float64, device=device)
+    (x @ x).sum().item()
 
 
 class Check:
@@ -112,6 +121,11 @@ class Grading:
         # H200s every worker's went to GPU 0 (22 processes there, 2 on the other, most of a run).
         if os.environ.get("PYTEST_XDIST_WORKER") and (gpu := self.worker_gpu()) is not None:
             torch.cuda.set_device(gpu)
+        # A worker's first CUDA work (its context, cuBLAS) takes seconds; started now, it overlaps
+        # the start of the first runner, which the first oracle otherwise waits behind.
+        if os.environ.get("PYTEST_XDIST_WORKER") and self.on_gpu:
+            device = torch.device("cuda", torch.cuda.current_device())
+            threading.Thread(target=warm_up_cuda, args=(device,), name="warm-up-cuda", daemon=True).start()
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
@@ -295,6 +309,9 @@ class GradingPlugin:
         self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
         self.durations = Durations()  # controller only
         self._runner_seen = set()
+        self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
+        if self.is_worker and (probe := config.workerinput.get("isolation_probe")):
+            shared_probe.adopt(Path(probe["path"]), probe["question"])
 
     # -- setup -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -313,8 +330,15 @@ class GradingPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
-        """xdist, in the controller: every worker draws its inputs from the controller's seed."""
+        """xdist, in the controller: every worker draws its inputs from the controller's seed, and
+        takes the sandbox's isolation from one probe the controller runs while they start."""
         node.workerinput["grading_seed"] = self.state.seed
+        if self._probe is None:
+            path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
+            limit = runner_memory_limit(node.workerinput["workercount"])  # what each worker's runners get
+            shared_probe.start(path, tempfile.gettempdir(), limit)
+            self._probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
+        node.workerinput["isolation_probe"] = self._probe
 
     def pytest_sessionstart(self, session):
         if self.is_worker or self.config.option.collectonly:
@@ -373,7 +397,8 @@ class GradingPlugin:
 
     # Last: pytest's own hook (fixtures.py, reorder_items) regroups the items by the session-scoped
     # `submission` parameter after every tryfirst hook, which undid this sort on an H100 run: a
-    # lone submission's PyTorch and distributed shards went out before its heavy Triton shards.
+    # lone submission's shards went out in the order of its test modules, its one-test Triton
+    # timing shard (the longest) among the last.
     @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
     def pytest_collection_modifyitems_heavy_first(self, items):
         # Every worker sorts alike, as xdist requires (the sorts are stable).
@@ -568,6 +593,8 @@ class GradingPlugin:
 
     # -- the end ---------------------------------------------------------------------------
     def pytest_sessionfinish(self, session):
+        if self._probe:
+            shutil.rmtree(Path(self._probe["path"]).parent, ignore_errors=True)
         if self.is_worker or self.config.option.collectonly:
             return
         summary = []
