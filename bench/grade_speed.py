@@ -8,6 +8,12 @@ repository by default, or an archived older one, to compare):
     python bench/grade_speed.py startup --out $OUT/startup
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
 
+On the device the grader needs its own dependencies first: the GPU image lacks pydantic, so
+carry its wheels (pydantic, pydantic_core, annotated_types, typing_inspection in .whl/) and run
+`python3 -m pip install -q --no-index --no-deps .whl/*.whl && python3 -m pip install -q --no-deps
+--no-build-isolation -e .` before this script (the editable install registers the pytest plugin).
+A call returns only a few files from $OUT: tar the runs' speed.json, timeline.json and pytest.log.
+
 `single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
 on a GPU its checks spread over the workers in shards, tests/grading/shards.py);
 `--cold` first empties the grader's persistent Triton cache, so compiling and autotuning are
