@@ -4,7 +4,7 @@ Run on a GPU (the device), from the repository root, with a grader checkout in G
 repository by default, or an archived older one, to compare):
 
     python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S]
-    python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S]
+    python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S] [--seed N]
     python bench/grade_speed.py startup --out $OUT/startup
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
 
@@ -46,11 +46,13 @@ def triton_cache_dir() -> Path:
     return cache_root() / "triton"
 
 
-def grade(grader: Path, impls: list, workers: str, out: Path, limit: float) -> dict:
+def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed: int | None = None) -> dict:
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.timeline",
                f"--reports={reports}", "-n", workers, *[f"--impl={i}" for i in impls]]
+    if seed is not None:  # the same inputs as another run, so their verdicts compare check by check
+        command.append(f"--seed={seed}")
     print("+", " ".join(command), flush=True)
     env = {**os.environ, "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
     (out / "timeline.json").unlink(missing_ok=True)
@@ -147,6 +149,7 @@ def main() -> int:
         p.add_argument("--limit", type=float, default=540.0, help="stop the run after this many seconds")
         p.add_argument("--label", default="")
         p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
+        p.add_argument("--seed", type=int, help="the grader's --seed (default: a fresh secret one)")
         if name == "single":
             p.add_argument("--cold", action="store_true", help="empty the kept Triton cache first")
     sub.add_parser("startup").add_argument("--out", type=Path, required=True)
@@ -166,11 +169,12 @@ def main() -> int:
         if args.cold:
             shutil.rmtree(triton_cache_dir(), ignore_errors=True)
         # The grader's own copy: only its bundled reference may link into its reference/.
-        result = grade(grader, [str(grader / "submissions" / "reference")], args.workers, args.out, args.limit)
+        result = grade(grader, [str(grader / "submissions" / "reference")], args.workers, args.out, args.limit,
+                       args.seed)
         result["scenario"] = f"single -n {args.workers}" + (" cold" if args.cold else " warm")
     else:
         impls = [str(grader / "submissions" / "reference"), str(grader / "submissions" / "examples" / "*")]
-        result = grade(grader, impls, args.workers, args.out, args.limit)
+        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed)
         result["scenario"] = f"class -n {args.workers}"
     result["label"] = args.label or grader.name
     result["gpus"] = gpu_names()

@@ -34,7 +34,7 @@ from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
-from tests.grading import record_store, shards
+from tests.grading import prestart, record_store, shards
 from tests.grading.durations import Durations
 from tests.grading.rubric import Rubric, RubricError
 
@@ -135,6 +135,10 @@ class Grading:
         self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
         self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
+        # On a GPU under xdist, the runner of a worker's next group starts while the current group
+        # runs (tests/grading/prestart.py); on a CPU the two would only share its cores.
+        self._starter = prestart.Starter() if self.sharded else None
+        self._next = None  # the group whose runner the starter started ahead
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
@@ -145,8 +149,10 @@ class Grading:
         group = (name, self.shard)
         if group == self._current:
             return
-        for other in [g for g in self._runners if g != group]:
-            self._runners.pop(other).close()
+        if group == self._next:
+            self._next = None
+        for other in [g for g in self._runners if g not in (group, self._next)]:
+            self._close(other)  # the next group's runner, started ahead, stays
         self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
         self._current = group
 
@@ -174,10 +180,36 @@ class Grading:
         self._switch_to(submission.name)
         group = (submission.name, self.shard)
         if group not in self._runners:
-            self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
-                                                    import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, self.shard))
+            self._runners[group] = self._new_runner(submission, self.shard)
+        if self._starter is not None:
+            self._starter.wait(group)
         return self._runners[group]
+
+    def _new_runner(self, submission, shard: str) -> SubmissionRunner:
+        return SubmissionRunner(submission, env=self.worker_env(), import_timeout=self.rubric.timeout("import"),
+                                kept_kernels=self.kept_kernels(submission.root, shard))
+
+    def start_runners(self, item):
+        """Start the runner of `item`'s group, then that of the next group xdist has sent this
+        worker, one after the other in the starter's thread (tests/grading/prestart.py): the next
+        one starts while this group's first call runs, not beside this group's own start."""
+        if self._starter is None:
+            return
+        group_of = lambda i: (submission_of(i), getattr(i, "grading_shard", ""))  # noqa: E731
+        following = next((i for i in prestart.upcoming_items(self.config) if group_of(i) != group_of(item)), None)
+        for test in (item, following):
+            if test is None or submission_of(test) is None or group_of(test) in self._runners:
+                continue
+            group = group_of(test)
+            self._runners[group] = self._new_runner(test.callspec.params["submission"], group[1])
+            self._starter.start(group, self._runners[group])
+            if test is following:
+                self._next = group
+
+    def _close(self, group):
+        if self._starter is not None:
+            self._starter.wait(group)  # a runner still starting is closed once it is up
+        self._runners.pop(group).close()
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
@@ -222,11 +254,13 @@ class Grading:
         self._replies = {key: value for key, value in self._replies.items() if key[0][0] != name}
         for group in [g for g in self._runners if g[0] == name]:
             try:
-                self._runners.pop(group).close()
+                self._close(group)
             except Exception:
                 pass
 
     def close(self):
+        if self._starter is not None:
+            self._starter.close()
         for runner in self._runners.values():
             runner.close()
 
@@ -410,6 +444,8 @@ class GradingPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
         self.state.shard = getattr(item, "grading_shard", "")  # the runner this test's calls go to
+        if submission_of(item) is not None:
+            self.state.start_runners(item)
 
     # -- recording -------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
