@@ -202,7 +202,7 @@ class Grading:
                 continue
             group = group_of(test)
             self._runners[group] = self._new_runner(test.callspec.params["submission"], group[1])
-            self._starter.start(group, self._runners[group])
+            self._starter.start(group, self._runners[group], warm_up=test is following)
             if test is following:
                 self._next = group
 

@@ -3,17 +3,18 @@
 A group of checks (a shard of a submission, tests/grading/shards.py) has a runner of its own, and
 most groups are one Triton case: two tests whose one runner call takes a second or two warm,
 behind a runner start (Python, torch, triton, the student's adapters: about 5 s on an H100) and
-the runner's first CUDA work (its context, cuBLAS, Triton's launcher: about 6 s). xdist hands a
-worker its next group while the current one runs, so that worker can start the next group's
-runner meanwhile, and the next group's first call finds it ready.
+the runner's first CUDA work (fa2_adapters/runner/warm_up.py: 4 s or more). xdist hands a worker
+its next group while the current one runs, so the worker starts the next group's runner and
+warms it up meanwhile, and the next group's first call finds it ready.
 
 How a worker learns its next group: xdist's worker loop (xdist/remote.py WorkerInteractor) holds
 the test it runs next and a queue of the tests sent to it. `upcoming_items` reads both; if a
 future xdist renames them it finds nothing, and runners start on first use as before
 (tests/self/test_prestart.py fails then, so the change is seen).
 
-The runner starts in one long-lived thread: a runner dies with the thread that started it
-(sandbox.py's PR_SET_PDEATHSIG), so it must not be a thread that ends.
+Runners start in one long-lived thread per worker, the group under way's first and the next
+group's after it, so the two never start side by side: a runner dies with the thread that
+started it (sandbox.py's PR_SET_PDEATHSIG), so that thread must not end.
 """
 from concurrent.futures import ThreadPoolExecutor
 
@@ -38,10 +39,13 @@ class Starter:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="runner-prestart")
         self._starting = {}  # group -> Future of the runner's start
 
-    def start(self, group, runner) -> None:
-        """Start `runner` and warm up its CUDA, unless a start for `group` is under way."""
+    def start(self, group, runner, warm_up: bool) -> None:
+        """Start `runner`, unless a start for `group` is under way; with `warm_up`, have it do its
+        first CUDA work too. Only a runner started ahead gains from that: a test waiting for its
+        runner would wait for the warm-up instead of its first call, and the timing check's two
+        runners warm up side by side in their first calls, not one after the other."""
         if group not in self._starting:
-            self._starting[group] = self._thread.submit(_start, runner)
+            self._starting[group] = self._thread.submit(_start, runner, warm_up)
 
     def starting(self, group) -> bool:
         return group in self._starting
@@ -59,6 +63,6 @@ class Starter:
         self._thread.shutdown(wait=True)
 
 
-def _start(runner) -> None:
-    if runner.import_failure() is None:
+def _start(runner, warm_up: bool) -> None:
+    if runner.import_failure() is None and warm_up:
         runner.warm_up()
