@@ -152,7 +152,8 @@ class Grading:
         if group == self._next:
             self._next = None
         for other in [g for g in self._runners if g not in (group, self._next)]:
-            self._close(other)  # the next group's runner, started ahead, stays
+            if self._starter is None or not self._starter.busy(other):  # one still starting: at a later switch
+                self._runners.pop(other).close()
         self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
         self._current = group
 
@@ -181,30 +182,30 @@ class Grading:
         group = (submission.name, self.shard)
         if group not in self._runners:
             self._runners[group] = self._new_runner(submission, self.shard)
+        runner = self._runners[group]
         if self._starter is not None:
-            self._starter.wait(group)
-        return self._runners[group]
+            self._starter.wait(group)  # started ahead: until it is up
+            runner.import_failure()  # up before the next one starts, never beside it
+            self._start_next(group)
+        return runner
 
     def _new_runner(self, submission, shard: str) -> SubmissionRunner:
         return SubmissionRunner(submission, env=self.worker_env(), import_timeout=self.rubric.timeout("import"),
                                 kept_kernels=self.kept_kernels(submission.root, shard))
 
-    def start_runners(self, item):
-        """Start the runner of `item`'s group, then that of the next group xdist has sent this
-        worker, one after the other in the starter's thread (tests/grading/prestart.py): the next
-        one starts while this group's first call runs, not beside this group's own start."""
-        if self._starter is None:
-            return
+    def _start_next(self, group):
+        """Start the runner of the next group xdist has sent this worker, while `group` runs
+        (tests/grading/prestart.py). Not beside a timing check: it would share the GPU and the
+        cores with the measured calls."""
         group_of = lambda i: (submission_of(i), getattr(i, "grading_shard", ""))  # noqa: E731
-        following = next((i for i in prestart.upcoming_items(self.config) if group_of(i) != group_of(item)), None)
-        for test in (item, following):
-            if test is None or submission_of(test) is None or group_of(test) in self._runners:
-                continue
-            group = group_of(test)
-            self._runners[group] = self._new_runner(test.callspec.params["submission"], group[1])
-            self._starter.start(group, self._runners[group], warm_up=test is following)
-            if test is following:
-                self._next = group
+        following = next((i for i in prestart.upcoming_items(self.config) if group_of(i) != group), None)
+        if following is None or submission_of(following) is None or group_of(following) in self._runners:
+            return
+        if group[1].startswith("timing"):
+            return
+        self._next = group_of(following)
+        self._runners[self._next] = self._new_runner(following.callspec.params["submission"], self._next[1])
+        self._starter.start(self._next, self._runners[self._next])
 
     def _close(self, group):
         if self._starter is not None:
@@ -444,8 +445,6 @@ class GradingPlugin:
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):
         self.state.shard = getattr(item, "grading_shard", "")  # the runner this test's calls go to
-        if submission_of(item) is not None:
-            self.state.start_runners(item)
 
     # -- recording -------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)

@@ -12,9 +12,13 @@ the test it runs next and a queue of the tests sent to it. `upcoming_items` read
 future xdist renames them it finds nothing, and runners start on first use as before
 (tests/self/test_prestart.py fails then, so the change is seen).
 
-Runners start in one long-lived thread per worker, the group under way's first and the next
-group's after it, so the two never start side by side: a runner dies with the thread that
-started it (sandbox.py's PR_SET_PDEATHSIG), so that thread must not end.
+When the next runner starts: once a test of the group under way has its own runner up (so the
+two never start side by side), and never beside a timing check, whose measured calls would share
+the GPU and the cores with it. A group whose tests need no runner (every adapter missing, say)
+starts none ahead either, so a run of such groups cannot queue starts nobody waits for.
+
+Runners start in one long-lived thread per worker: a runner dies with the thread that started it
+(sandbox.py's PR_SET_PDEATHSIG), so that thread must not end.
 """
 from concurrent.futures import ThreadPoolExecutor
 
@@ -39,16 +43,14 @@ class Starter:
         self._thread = ThreadPoolExecutor(1, thread_name_prefix="runner-prestart")
         self._starting = {}  # group -> Future of the runner's start
 
-    def start(self, group, runner, warm_up: bool) -> None:
-        """Start `runner`, unless a start for `group` is under way; with `warm_up`, have it do its
-        first CUDA work too. Only a runner started ahead gains from that: a test waiting for its
-        runner would wait for the warm-up instead of its first call, and the timing check's two
-        runners warm up side by side in their first calls, not one after the other."""
+    def start(self, group, runner) -> None:
+        """Start `runner` and have it do its first CUDA work, unless `group`'s start is under way."""
         if group not in self._starting:
-            self._starting[group] = self._thread.submit(_start, runner, warm_up)
+            self._starting[group] = self._thread.submit(_start, runner)
 
-    def starting(self, group) -> bool:
-        return group in self._starting
+    def busy(self, group) -> bool:
+        """Whether `group`'s runner is still starting (its start not yet handed over or done)."""
+        return group in self._starting and not self._starting[group].done()
 
     def wait(self, group) -> None:
         """Return once the start of `group`'s runner, if one was begun, has ended (well or not:
@@ -63,6 +65,6 @@ class Starter:
         self._thread.shutdown(wait=True)
 
 
-def _start(runner, warm_up: bool) -> None:
-    if runner.import_failure() is None and warm_up:
+def _start(runner) -> None:
+    if runner.import_failure() is None:
         runner.warm_up()

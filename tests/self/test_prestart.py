@@ -80,14 +80,14 @@ class FakeRunner:
 def test_the_starter_starts_in_one_thread_of_its_own_and_warms_up_only_what_imports():
     starter = prestart.Starter()
     good, broken = FakeRunner(), FakeRunner(imports=False)
-    starter.start("g", good, warm_up=True)
-    starter.start("b", broken, warm_up=True)
+    starter.start("g", good)
+    starter.start("b", broken)
     starter.wait("g")
     starter.wait("b")
     starter.close()
     assert len(good.threads) == 2 and len(broken.threads) == 1  # a runner that does not import is not warmed
     assert {*good.threads, *broken.threads} == {good.threads[0]} != {threading.current_thread().name}
-    assert not starter.starting("g")
+    assert not starter.busy("g")
 
 
 def test_a_runner_started_ahead_serves_the_calls_of_another_thread():
@@ -97,7 +97,7 @@ def test_a_runner_started_ahead_serves_the_calls_of_another_thread():
     runner = SubmissionRunner(reference, env={"TRITON_INTERPRET": "1"})
     starter = prestart.Starter()
     try:
-        starter.start("reference", runner, warm_up=True)
+        starter.start("reference", runner)
         starter.wait("reference")
         pid = runner.process.pid
         case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
@@ -110,26 +110,33 @@ def test_a_runner_started_ahead_serves_the_calls_of_another_thread():
         runner.close()
 
 
-class Recorder(FakeRunner):
+class Recorder:
+    """A runner that only says what was done to it, and in which thread."""
+
     def __init__(self, log, group):
-        super().__init__()
-        self.log, self.group = log, group
+        self.log, self.group, self.up = log, group, False
+
+    def _note(self, what):
+        ahead = threading.current_thread().name.startswith("runner-prestart")
+        self.log.append((what, self.group) + (("ahead",) if ahead else ()))
 
     def import_failure(self):
-        self.log.append(("start", self.group))
+        if not self.up:
+            self.up = True
+            self._note("start")
         return None
 
     def warm_up(self):
-        self.log.append(("warm up", self.group))
+        self._note("warm up")
 
     def close(self):
-        self.log.append(("close", self.group))
+        self._note("close")
 
 
-def test_a_worker_starts_this_group_then_the_next_and_closes_each_when_done(monkeypatch, tmp_path):
-    """Grading's bookkeeping, with xdist's queue and the runners faked: the runner of the group
-    under way starts first, the next group's right after it, and a group's runner is closed when
-    the group after it begins, never the one started ahead."""
+def test_a_worker_starts_the_next_groups_runner_once_its_own_is_up(monkeypatch, tmp_path):
+    """Grading's bookkeeping, with xdist's queue and the runners faked: a group's runner starts
+    on first use, the next group's then starts ahead (and warms up), except beside a timing
+    check, and a group's runner is closed when the group after it begins."""
     from tests.grading import plugin
 
     options = {"--rubric": str(PROJECT_ROOT / "tests" / "grading" / "rubric.yaml"), "--reports": str(tmp_path),
@@ -139,26 +146,27 @@ def test_a_worker_starts_this_group_then_the_next_and_closes_each_when_done(monk
     monkeypatch.setattr(grading, "_new_runner", lambda submission, shard: Recorder(log, shard))
     reference = grading.submissions[0]
     tests = [SimpleNamespace(callspec=SimpleNamespace(params={"submission": reference}), grading_shard=shard)
-             for shard in ("a", "a", "b", "c")]
+             for shard in ("a", "a", "b", "timing-t", "c")]
     queue = list(tests)
     monkeypatch.setattr(prestart, "upcoming_items", lambda config: queue)
 
     def run(test):
         queue.remove(test)
         grading.shard = test.grading_shard
-        grading.start_runners(test)
         grading.runner(reference)
         for group in list(grading._starter._starting):  # let the start begun ahead finish too
             grading._starter.wait(group)
+        return [entry for entry in log if entry not in seen]
 
-    run(tests[0])
-    # only the runner started ahead warms up: a test waiting for its own would wait for that too
-    assert log == [("start", "a"), ("start", "b"), ("warm up", "b")]
-    run(tests[1])
-    assert len(log) == 3  # same group: nothing new
-    run(tests[2])
-    assert sorted(log[3:]) == [("close", "a"), ("start", "c"), ("warm up", "c")]  # "c" starts as "a" closes
-    run(tests[3])
-    assert log[-1] == ("close", "b")
+    seen = []
+    steps = []
+    for test in tests:
+        steps.append(run(test))
+        seen = list(log)
+    assert steps[0] == [("start", "a"), ("start", "b", "ahead"), ("warm up", "b", "ahead")]
+    assert steps[1] == []  # the same group: nothing new
+    assert steps[2] == [("close", "a"), ("start", "timing-t", "ahead"), ("warm up", "timing-t", "ahead")]
+    assert steps[3] == [("close", "b")]  # nothing starts beside a timing check
+    assert steps[4] == [("close", "timing-t"), ("start", "c")]  # so "c" starts on first use
     grading.close()
-    assert ("close", "c") in log and log.count(("close", "a")) == 1
+    assert log[-1] == ("close", "c")
