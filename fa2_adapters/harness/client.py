@@ -245,14 +245,6 @@ class SubmissionRunner:
             return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None
 
-    def warm_up(self, timeout: float = 60.0) -> None:
-        """Have the runner make its CUDA context and Triton's launcher now, before a check's call
-        waits for them (tests/grading/prestart.py). A failure here comes back on the next call."""
-        started = time.monotonic()
-        reply = self.call({"op": "warm_up"}, timeout, "warming up CUDA")
-        self._log(f"CUDA warmed up in {time.monotonic() - started:.1f} s" if reply.ok
-                  else f"CUDA's warm-up failed: {reply.message}")
-
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
 

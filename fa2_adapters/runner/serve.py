@@ -20,7 +20,7 @@ from pathlib import Path
 # called `torch` or `triton` cannot shadow them.
 import torch
 
-from fa2_adapters.runner import course_env, distributed_ops, flash_call, instruments, warm_up
+from fa2_adapters.runner import course_env, distributed_ops, flash_call, instruments
 from fa2_adapters.runner.ranks import RankPool
 from fa2_adapters.wire import tensors as wire_tensors
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
@@ -174,11 +174,6 @@ class Runner:
         result["devices"] = {name: str(t.device) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
         result["tensors"] = self.save(request["tag"], tensors)
         return result
-
-    def op_warm_up(self, request: dict) -> dict:
-        """CUDA's first work, before any check's call: fa2_adapters.runner.warm_up says what."""
-        warm_up.warm_up()
-        return {}
 
     def op_time_flash(self, request: dict) -> dict:
         """Forward + backward `iters` times on inputs rotated through fresh seeds.

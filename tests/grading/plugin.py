@@ -34,7 +34,7 @@ from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
-from tests.grading import prestart, record_store, shards
+from tests.grading import record_store, shards
 from tests.grading.durations import Durations
 from tests.grading.rubric import Rubric, RubricError
 
@@ -135,10 +135,6 @@ class Grading:
         self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
         self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
-        # On a GPU under xdist, the runner of a worker's next group starts while the current group
-        # runs (tests/grading/prestart.py); on a CPU the two would only share its cores.
-        self._starter = prestart.Starter() if self.sharded else None
-        self._next = None  # the group whose runner the starter started ahead
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
@@ -149,11 +145,8 @@ class Grading:
         group = (name, self.shard)
         if group == self._current:
             return
-        if group == self._next:
-            self._next = None
-        for other in [g for g in self._runners if g not in (group, self._next)]:
-            if self._starter is None or not self._starter.busy(other):  # one still starting: at a later switch
-                self._runners.pop(other).close()
+        for other in [g for g in self._runners if g != group]:
+            self._runners.pop(other).close()
         self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
         self._current = group
 
@@ -181,36 +174,10 @@ class Grading:
         self._switch_to(submission.name)
         group = (submission.name, self.shard)
         if group not in self._runners:
-            self._runners[group] = self._new_runner(submission, self.shard)
-        runner = self._runners[group]
-        if self._starter is not None:
-            self._starter.wait(group)  # started ahead: until it is up
-            runner.import_failure()  # up before the next one starts, never beside it
-            self._start_next(group)
-        return runner
-
-    def _new_runner(self, submission, shard: str) -> SubmissionRunner:
-        return SubmissionRunner(submission, env=self.worker_env(), import_timeout=self.rubric.timeout("import"),
-                                kept_kernels=self.kept_kernels(submission.root, shard))
-
-    def _start_next(self, group):
-        """Start the runner of the next group xdist has sent this worker, while `group` runs
-        (tests/grading/prestart.py). Not beside a timing check: it would share the GPU and the
-        cores with the measured calls."""
-        group_of = lambda i: (submission_of(i), getattr(i, "grading_shard", ""))  # noqa: E731
-        following = next((i for i in prestart.upcoming_items(self.config) if group_of(i) != group), None)
-        if following is None or submission_of(following) is None or group_of(following) in self._runners:
-            return
-        if group[1].startswith("timing"):
-            return
-        self._next = group_of(following)
-        self._runners[self._next] = self._new_runner(following.callspec.params["submission"], self._next[1])
-        self._starter.start(self._next, self._runners[self._next])
-
-    def _close(self, group):
-        if self._starter is not None:
-            self._starter.wait(group)  # a runner still starting is closed once it is up
-        self._runners.pop(group).close()
+            self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
+                                                    import_timeout=self.rubric.timeout("import"),
+                                                    kept_kernels=self.kept_kernels(submission.root, self.shard))
+        return self._runners[group]
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
@@ -255,13 +222,11 @@ class Grading:
         self._replies = {key: value for key, value in self._replies.items() if key[0][0] != name}
         for group in [g for g in self._runners if g[0] == name]:
             try:
-                self._close(group)
+                self._runners.pop(group).close()
             except Exception:
                 pass
 
     def close(self):
-        if self._starter is not None:
-            self._starter.close()
         for runner in self._runners.values():
             runner.close()
 
