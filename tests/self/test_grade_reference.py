@@ -1,5 +1,6 @@
 """The grader, run exactly as a user runs it, gives the bundled reference submission full marks."""
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -13,11 +14,17 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.mark.slow
 def test_reference_scores_full_marks(tmp_path):
-    reports = tmp_path / "reports"
-    proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "submissions/reference", "--reports",
-                           str(reports), "-q"],
-                          cwd=ROOT, capture_output=True, text=True, timeout=1500)
-    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    if os.environ.get("FA2_EXAMPLES_REPORTS"):
+        # .ci/run's demo class (README.md's command, the reference among the examples), whose exit
+        # status and pages .ci/run checks: this judges its reference, not a second grading of it.
+        reports, log = (ROOT / os.environ["FA2_EXAMPLES_REPORTS"]).resolve(), None
+    else:
+        reports = tmp_path / "reports"
+        proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "submissions/reference", "--reports",
+                               str(reports), "-q"],
+                              cwd=ROOT, capture_output=True, text=True, timeout=1500)
+        assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+        log = proc.stdout
     results = json.loads((reports / "reference" / "results.json").read_text())
     # Full marks of what this machine can grade; the maximum is the rubric's, on every machine, and
     # what needs a GPU is "not graded here" (counted 0, the total provisional) on a CPU.
@@ -32,4 +39,5 @@ def test_reference_scores_full_marks(tmp_path):
             assert test["output"].startswith(("skipped: ", "not graded here: ")) and len(test["output"]) > 20, test
     parts = results["extra_data"]["parts"]
     assert parts["flash_pytorch"]["max_score"] > 0 and parts["flash_triton"]["max_score"] > 0
-    assert "grades" in proc.stdout and "reference" in proc.stdout
+    if log is not None:
+        assert "grades" in log and "reference" in log
