@@ -3,7 +3,7 @@
 Run on a GPU (the device), from the repository root, with a grader checkout in GRADER (this
 repository by default, or an archived older one, to compare):
 
-    python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S]
+    python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S] [--seed N]
     python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S] [--seed N]
     python bench/grade_speed.py startup --out $OUT/startup
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
