@@ -22,10 +22,15 @@ def verdicts(reports: Path) -> dict:
     return found
 
 
+def differences(a: dict, b: dict) -> dict:
+    """name -> (a's value, b's value) for every name whose values differ (None where one lacks it)."""
+    return {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)}
+
+
 def main() -> int:
     a, b = verdicts(Path(sys.argv[1])), verdicts(Path(sys.argv[2]))
-    moved = {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)}
-    timing = {name: pair for name, pair in moved.items() if "::timing::" in name}
+    moved = differences(a, b)
+    timing = {name for name in moved if "::timing::" in name}
     for name, (before, after) in moved.items():
         print(f"{'(timing) ' if name in timing else ''}{name}: {before} -> {after}")
     print(f"{len(a)} and {len(b)} checks; {len(moved) - len(timing)} differ, and {len(timing)} timing checks")

@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from bench.compare_verdicts import differences, verdicts  # noqa: E402
 from tests.self.test_hostile import EXAMPLES, HOSTILE, MEMORY_LIMIT_GB, REFERENCE, SELECT, rubric  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -35,13 +36,11 @@ def grade(mode: str, out: Path) -> tuple:
 
 
 def outcomes(reports: Path) -> dict:
-    found = {}
+    """compare_verdicts.verdicts, and a row per submission for the isolation its runners had."""
+    found = verdicts(reports)
     for path in reports.glob("*/results.json"):
-        results = json.loads(path.read_text())
-        mode = (results["extra_data"].get("isolation") or {}).get("mode")
-        for t in results["tests"]:
-            found[t["name"]] = (t.get("status"), t["score"])
-        found[f"{path.parent.name}: isolation"] = mode
+        found[f"{path.parent.name}: isolation"] = (json.loads(path.read_text())["extra_data"].get("isolation")
+                                                   or {}).get("mode")
     return found
 
 
@@ -56,10 +55,10 @@ def main() -> int:
         runs[mode] = outcomes(reports)
         print(f"{mode}: {len(runs[mode])} rows, {wall:.0f} s", flush=True)
     a, b = (runs[m] for m in args.modes)
-    differ = [(k, a.get(k), b.get(k)) for k in sorted(set(a) | set(b)) if a.get(k) != b.get(k)]
+    differ = differences(a, b)
     print(f"{len(differ)} differences between {args.modes[0]} and {args.modes[1]}:")
-    for row in differ:
-        print("  ", *row)
+    for name, (first, second) in differ.items():
+        print("  ", name, first, second)
     return 0
 
 
