@@ -81,6 +81,14 @@ def run_grader(out: Path) -> dict:
     return run
 
 
+def demo_class_reports():
+    """The reports folder of .ci/run's demo class run (FA2_EXAMPLES_REPORTS, relative to the
+    project), or None: then the tests that judge it grade for themselves."""
+    if not os.environ.get("FA2_EXAMPLES_REPORTS"):
+        return None
+    return (ROOT / os.environ["FA2_EXAMPLES_REPORTS"]).resolve()
+
+
 def earlier_run(reports: Path) -> dict:
     """A class run made before this session that graded submissions/examples/* into `reports`
     (FA2_EXAMPLES_REPORTS): .ci/run grades the README's demo class once, checks its exit status,
@@ -99,8 +107,8 @@ def graded(tmp_path_factory, worker_id, testrun_uid):
     with open(out / "lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            if os.environ.get("FA2_EXAMPLES_REPORTS"):
-                run = earlier_run((ROOT / os.environ["FA2_EXAMPLES_REPORTS"]).resolve())
+            if (reports := demo_class_reports()) is not None:
+                run = earlier_run(reports)
             elif (out / "run.json").exists():
                 run = json.loads((out / "run.json").read_text())
             else:

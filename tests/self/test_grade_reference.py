@@ -1,6 +1,5 @@
 """The grader, run exactly as a user runs it, gives the bundled reference submission full marks."""
 import json
-import os
 import subprocess
 import sys
 from pathlib import Path
@@ -8,17 +7,17 @@ from pathlib import Path
 import pytest
 
 from tests.grading.rubric import Rubric
+from tests.self.test_examples import demo_class_reports
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
 @pytest.mark.slow
 def test_reference_scores_full_marks(tmp_path):
-    if os.environ.get("FA2_EXAMPLES_REPORTS"):
-        # .ci/run's demo class (README.md's command, the reference among the examples), whose exit
-        # status and pages .ci/run checks: this judges its reference, not a second grading of it.
-        reports, log = (ROOT / os.environ["FA2_EXAMPLES_REPORTS"]).resolve(), None
-    else:
+    # .ci/run's demo class (README.md's command, the reference among the examples), whose exit
+    # status and pages .ci/run checks: this judges its reference, not a second grading of it.
+    reports, log = demo_class_reports(), None
+    if reports is None:
         reports = tmp_path / "reports"
         proc = subprocess.run([sys.executable, "-m", "pytest", "--impl", "submissions/reference", "--reports",
                                str(reports), "-q"],
