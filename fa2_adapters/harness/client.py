@@ -41,6 +41,7 @@ from fa2_adapters.harness.discover import Submission
 from fa2_adapters.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_adapters.harness.watchdog import OutputTail, Watchdog, gib, kill_runner
 from fa2_adapters.wire import tensors as wire_tensors
+from fa2_adapters.wire.cases import FlashCase
 from fa2_adapters.wire.channel import Channel, ChannelClosed, ReceiveTimeout
 
 LOG_TAIL_BYTES = 8192
@@ -225,12 +226,8 @@ class SubmissionRunner:
 
     @staticmethod
     def _case_size(request: dict):
-        case = request.get("case")
         try:
-            size = case["n_queries"] * case["n_keys"] * case["head_dim"]
-            for b in case["batch"]:
-                size *= b
-            return size
+            return FlashCase.from_json(request["case"]).work
         except (TypeError, KeyError):
             return None
 

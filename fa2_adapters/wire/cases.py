@@ -46,6 +46,14 @@ class FlashCase:
         return "-".join(parts)
 
     @property
+    def work(self) -> int:
+        """batch x N_q x N_k x d: what one call's matmuls cost, up to a constant, for sizing cases."""
+        size = self.n_queries * self.n_keys * self.head_dim
+        for b in self.batch:
+            size *= b
+        return size
+
+    @property
     def torch_dtype(self) -> torch.dtype:
         return DTYPES[self.dtype]
 

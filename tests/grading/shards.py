@@ -22,7 +22,7 @@ and each shard would add a runner start (on a 2-core CPU the reference took 71 s
 A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").
 """
-from fa2_adapters.wire.cases import FLASH_SLOTS, SHORT
+from fa2_adapters.wire.cases import FLASH_SLOTS, SHORT, FlashCase
 
 SEPARATOR = "/"
 
@@ -59,6 +59,45 @@ HEAVY_FIRST = ("timing-triton", "pytorch", "distributed", "timing-pytorch", "tri
 def cost_rank(shard: str) -> int:
     """Where a shard's tests go in the run order: the position of its kind in HEAVY_FIRST."""
     return next((i for i, kind in enumerate(HEAVY_FIRST) if shard.startswith(kind)), len(HEAVY_FIRST))
+
+
+def groups_together(items: list, group_of) -> None:
+    """Each group's checks one after another, the groups in the order they first appear, each
+    keeping its own order (`group_of(item)`: the group, or None for a test of no group).
+
+    xdist hands out whole groups, but without it (-n 0) tests run in this list's order, which
+    pytest's own reordering leaves interleaved across submissions; and a process closes a group's
+    runner when the next group's check comes (plugin.Grading._switch_to). A submission's runner
+    then restarted between two of its checks: a cost, and a verdict that depended on -n (a
+    replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
+    first = {}
+    for index, item in enumerate(items):
+        first.setdefault(group_of(item) or ("no group", index), index)
+    order = {id(item): first[group_of(item) or ("no group", index)] for index, item in enumerate(items)}
+    items.sort(key=lambda item: order[id(item)])  # stable
+
+
+def smallest_case_first(items: list, group_of) -> None:
+    """Within each group (`group_of(item)`, None for no group), the checks that run a flash case
+    go smallest case first, in the places those checks held; the other checks keep theirs.
+
+    A runner fails at once every case no smaller than one that timed out (SubmissionRunner.call).
+    Smallest first, a submission that hangs waits out one timeout per slot, not one per size: in
+    collection order its PyTorch slot timed out on 128x128, then the 1024x1024 hygiene case, then
+    17x17, 30 s each under tests/self's hostile rubric (and the rubric's full timeout on a GPU)."""
+    places = {}
+    for index, item in enumerate(items):
+        if isinstance(case_of(item), FlashCase) and (group := group_of(item)) is not None:
+            places.setdefault(group, []).append(index)
+    for indices in places.values():
+        ordered = sorted((items[i] for i in indices), key=lambda item: case_of(item).work)  # stable
+        for index, item in zip(indices, ordered):
+            items[index] = item
+
+
+def case_of(item):
+    callspec = getattr(item, "callspec", None)
+    return callspec.params.get("case") if callspec is not None else None
 
 
 def group_name(submission: str, shard: str) -> str:

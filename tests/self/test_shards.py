@@ -68,6 +68,35 @@ def test_heaviest_shards_run_first():
                        "triton", "memory-triton", "memory-pytorch"]
 
 
+def test_a_groups_checks_run_together():
+    """Without xdist the list's order is the run order, and a process closes a group's runner when
+    another group's check comes: each group together, in the order the groups first appear."""
+    items = [item("test_flash", "test_forward", slot="pytorch", case=CASE) for _ in range(6)]
+    group = {id(i): g for i, g in zip(items, ["a", "b", None, "a", "b", "a"])}
+    ordered = list(items)
+    shards.groups_together(ordered, lambda i: group[id(i)])
+    place = {id(i): k for k, i in enumerate(items)}  # the items are equal: tell them apart by identity
+    assert [place[id(i)] for i in ordered] == [0, 3, 5, 1, 4, 2]
+
+
+def test_a_groups_flash_checks_go_smallest_case_first():
+    """A runner fails at once a case no smaller than one that timed out: smallest first, a
+    submission that hangs waits out one timeout, not one per size (shards.smallest_case_first)."""
+    big, small = FlashCase(n_queries=1024, n_keys=1024, dtype="bfloat16"), FlashCase(n_queries=17, n_keys=17)
+    items = [item("test_flash", "test_hygiene", slot="pytorch", case=big),
+             item("test_flash", "test_forward", slot="pytorch", case=CASE),
+             item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"),
+             item("test_flash", "test_forward", slot="triton", case=big),
+             item("test_flash", "test_forward", slot="pytorch", case=small),
+             item("test_flash", "test_backward", slot="pytorch", case=small)]
+    group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", None])}
+    ordered = list(items)
+    shards.smallest_case_first(ordered, lambda i: group[id(i)])
+    # group a's three flash checks fill group a's flash places smallest first; the memory check keeps
+    # its place, group b's and the ungrouped check theirs
+    assert [items.index(i) for i in ordered] == [4, 1, 2, 3, 0, 5]
+
+
 def test_every_shards_runner_log_reaches_the_report():
     """A submission spread over shards has a runner log per shard: results.json shows each under
     its shard's name (not only the last shard's, as before), within one size budget."""
