@@ -14,6 +14,7 @@ gradings there, so that several pytest calls (under a per-command time limit) sh
 import fnmatch
 import json
 import os
+import re
 import shutil
 import signal
 import stat
@@ -32,6 +33,7 @@ from fa2_adapters.harness import sandbox
 from fa2_adapters.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.wire.cases import FlashCase
+from tests.grading import record_store
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
@@ -76,9 +78,13 @@ def rubric(folder: Path) -> Path:
     return path
 
 
-def grade(impls: list, reports: Path, workers: int, timeout: float):
+def grade(impls: list, reports: Path, workers: int, timeout: float, seed: int = None):
+    """One grading session of `impls` under the hostile rubric and SELECT; without `seed`, the
+    reports folder's secret seed (a new folder draws a fresh one)."""
     cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--reports", str(reports),
            "--rubric", str(rubric(reports.parent / f"{reports.name}-rubric")), "-k", SELECT]
+    if seed is not None:
+        cmd.append(f"--seed={seed}")
     if workers:  # loadgroup named outright: the plugin's own switch to it does not reach the workers
         cmd += ["-n", str(workers), "--dist", "loadgroup"]
     for impl in impls:
@@ -110,8 +116,16 @@ def kill_orphans():
             pass
 
 
+def session_count(output: str) -> int:
+    """How many checks pytest's summary line says the session ran, whatever their outcome."""
+    line = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)][-1]
+    return sum(int(n) for n, _ in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", line))
+
+
 def run_class(base: Path) -> dict:
-    """The class session: the hostile examples, the reference and the control, `-n 2`."""
+    """The class session: the hostile examples, the reference and the control, `-n 2`. Its reports
+    serve test_determinism and test_nonroot_class too, which grade some of it again another way
+    and compare (with its seed, `class_seed`)."""
     kill_orphans()
     impls = [REFERENCE] + [HOSTILE / name for name in EXAMPLES]
     proc, wall = grade(impls, base / "class", workers=2, timeout=1200)
@@ -119,7 +133,12 @@ def run_class(base: Path) -> dict:
     kill_orphans()
     print(f"\nhostile class session: {len(impls)} submissions, {wall:.0f} s wall")
     return {"returncode": proc.returncode, "output": (proc.stdout + proc.stderr)[-6000:], "wall": wall,
-            "reports": str(base / "class"), "survivors": survivors}
+            "reports": str(base / "class"), "survivors": survivors, "count": session_count(proc.stdout)}
+
+
+def class_seed(run: dict) -> int:
+    """The seed the class session drew its inputs from (its reports folder's secret seed)."""
+    return record_store.secret_seed(run["reports"])
 
 
 def run_solo(base: Path, name: str) -> dict:
@@ -150,11 +169,6 @@ def once(tmp_path_factory, key: str, compute) -> dict:
     return run
 
 
-@pytest.fixture(scope="module")
-def class_run(tmp_path_factory):
-    return once(tmp_path_factory, "class", run_class)
-
-
 @pytest.fixture
 def solo_run(tmp_path_factory):
     return lambda name: once(tmp_path_factory, f"solo-{name}", lambda base: run_solo(base, name))
@@ -182,21 +196,24 @@ def isolated() -> bool:
 # -- the class session ------------------------------------------------------------------------
 
 @pytest.mark.slow
-def test_session_completes(class_run):
-    out = class_run["output"]
-    assert class_run["returncode"] in (0, 1), out[-4000:]
+def test_session_completes(hostile_class_run):
+    out = hostile_class_run["output"]
+    assert hostile_class_run["returncode"] in (0, 1), out[-4000:]
     assert "INTERNALERROR" not in out and "HOSTILE CONFTEST" not in out, out[-4000:]
     assert "worker crash" not in out, out[-4000:]
-    for name in ["reference", *EXAMPLES]:
-        assert results(class_run["reports"], name)["tests"], name
-    print(f"class session wall time: {class_run['wall']:.0f} s")
+    rows = {name: results(hostile_class_run["reports"], name)["tests"] for name in ["reference", *EXAMPLES]}
+    assert all(rows.values()), [name for name, tests in rows.items() if not tests]
+    # every check the session ran has its row in a results.json
+    counted = {name: len(tests) for name, tests in rows.items()}
+    assert sum(counted.values()) == hostile_class_run["count"], (hostile_class_run["count"], counted)
+    print(f"class session wall time: {hostile_class_run['wall']:.0f} s")
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", [n for n, s in EXAMPLES.items() if not s.get("control")])
-def test_hostile_finding(class_run, name):
+def test_hostile_finding(hostile_class_run, name):
     spec = EXAMPLES[name]
-    graded = results(class_run["reports"], name)
+    graded = results(hostile_class_run["reports"], name)
     tests = {check_key(t): t for t in graded["tests"]}
 
     def matching(pattern):
@@ -242,7 +259,7 @@ def test_hostile_finding(class_run, name):
     if "log_max_bytes" in spec and len(log.encode()) > spec["log_max_bytes"]:
         problems.append(f"log tail is {len(log.encode())} bytes, over {spec['log_max_bytes']}")
     if spec.get("no_survivors"):
-        survivors = [c for _, c in class_run["survivors"] if spec["no_survivors"] in c]  # [pid, cmdline]
+        survivors = [c for _, c in hostile_class_run["survivors"] if spec["no_survivors"] in c]  # [pid, cmdline]
         if survivors and not isolated() and all("setsid" in c for c in survivors):
             pytest.xfail("without a uid of its own, a setsid'd child escapes the process-group kill")
         problems.extend(f"survived the session: {c}" for c in survivors)
@@ -251,12 +268,12 @@ def test_hostile_finding(class_run, name):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("name", CONTROLS)
-def test_controls_unchanged(class_run, solo_run, name):
+def test_controls_unchanged(hostile_class_run, solo_run, name):
     """A control's results are the same graded next to the hostile examples as graded alone."""
     solo = solo_run(name)
     assert solo["returncode"] in (0, 1), solo["output"]
     strip = lambda r: sorted((t["name"], t["score"], t["max_score"], t.get("status")) for t in r["tests"])
-    assert strip(results(class_run["reports"], name)) == strip(results(solo["reports"], name))
+    assert strip(results(hostile_class_run["reports"], name)) == strip(results(solo["reports"], name))
 
 
 # -- the guarantees, one by one ---------------------------------------------------------------

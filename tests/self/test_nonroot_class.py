@@ -1,15 +1,14 @@
 """Issue 14 in CI: a grader that is not root finds in hostile submissions what root's grader finds.
 
 bench/hostile_modes.py grades the whole hostile class twice (root's sandbox mode "namespace",
-then "userns") and compares check by check; that takes minutes a mode. Here a few hostile
-examples, each reaching a different part of the runner's confinement, and the reference are
-graded twice with tests/self/test_hostile.py's `grade` (its rubric, its -k selection, -n 2) and
-one fixed seed:
-
-- by root, the normal way: mode "namespace" (each runner gets a uid of its own);
-- by a grader whose process really runs as nobody (test_nonroot.as_nobody: setpriv, in a private
-  mount namespace where /root holds only the Python install when this machine's Python lives
-  there): mode "userns", the only confinement an ordinary user's grader gets.
+then "userns") and compares check by check; that takes minutes a mode. Here root's side is
+test_hostile.py's class session (the `hostile_class_run` fixture: root's grader the normal way,
+mode "namespace", each runner with a uid of its own), which the suite grades anyway; a grader
+whose process really runs as nobody (test_nonroot.as_nobody: setpriv, in a private mount
+namespace where /root holds only the Python install when this machine's Python lives there)
+grades the reference and a few hostile examples of that class again with test_hostile's `grade`
+(its rubric, its -k selection, -n 2) and the class's seed. Its mode is "userns", the only
+confinement an ordinary user's grader gets.
 
 Every check must be in both runs with the same status and score, and with the example's finding
 lines (EXPECTED.yaml `finding`) in the same checks' output. Only the mode differs, by design.
@@ -21,7 +20,6 @@ child.
 """
 import json
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -30,7 +28,7 @@ import pytest
 import yaml
 
 from fa2_adapters.harness.client import PROJECT_ROOT
-from tests.self.test_hostile import HOSTILE, REFERENCE, grade, isolated, results
+from tests.self.test_hostile import HOSTILE, REFERENCE, class_seed, isolated, results, session_count
 from tests.self.test_nonroot import NOBODY, as_nobody
 
 # Quick ones (2 to 13 s each on 2 CPU cores), each exercising something the two modes do differently.
@@ -42,7 +40,6 @@ SUBSET = [
     "output_flood",           # 40 MB of output per call, through the launcher's pipes
 ]
 NAMES = ["reference", *SUBSET]
-SEED = 20261123  # bench/hostile_modes.py's; without it each run would draw a secret seed of its own
 WORKERS = 2
 GRADE_TIMEOUT = 240  # one run takes about 30 s here
 
@@ -52,7 +49,8 @@ import json, os, sys
 from pathlib import Path
 sys.path.insert(0, {project!r})
 from tests.self.test_hostile import grade
-proc, wall = grade([Path(p) for p in {impls!r}], Path({reports!r}), workers={workers}, timeout={timeout})
+proc, wall = grade([Path(p) for p in {impls!r}], Path({reports!r}), workers={workers}, timeout={timeout},
+                   seed={seed})
 print("RESULT " + json.dumps({{"uid": os.getuid(), "returncode": proc.returncode, "wall": wall,
                               "output": proc.stdout[-4000:] + proc.stderr[-2000:]}}))
 '''
@@ -76,29 +74,22 @@ def outcomes(reports: Path) -> tuple:
     return rows, modes
 
 
-def session_count(output: str) -> int:
-    """How many checks pytest's summary line says the session ran, whatever their outcome."""
-    line = [line for line in output.splitlines() if re.search(r"\d+ (passed|failed|skipped)", line)][-1]
-    return sum(int(n) for n, _ in re.findall(r"(\d+) (passed|failed|skipped|errors?|xfailed|xpassed)", line))
-
-
-@pytest.mark.slow  # grades in subprocesses (about 50 s); CI runs it: it runs every test
-def test_nobody_grades_the_hostile_subset_as_root_does(tmp_path, monkeypatch):
+@pytest.mark.slow  # grades in a subprocess (about 50 s); CI runs it: it runs every test
+def test_nobody_grades_the_hostile_subset_as_root_does(hostile_class_run):
     if os.geteuid() != 0:
         pytest.skip("not root: there is no root grader here to compare a nobody grader with")
-    monkeypatch.delenv("GRADER_SANDBOX", raising=False)  # root's grader the normal way: its best mode
-    if not isolated():
-        pytest.skip("root's grader does not get sandbox mode \"namespace\" here (no mount namespaces?)")
+    if os.environ.get("GRADER_SANDBOX") or not isolated():
+        pytest.skip("root's grader does not get sandbox mode \"namespace\" here (GRADER_SANDBOX is set, "
+                    "or no mount namespaces)")
     impls = [str(REFERENCE)] + [str(HOSTILE / name) for name in SUBSET]
 
-    # nobody first: where user namespaces are refused, the test skips before the root run costs anything
     public = Path(tempfile.mkdtemp(prefix="nonroot-class-"))  # tmp_path is root's alone (mode 700)
     try:
         os.chmod(public, 0o755)
         os.chown(public, NOBODY, NOBODY)  # nobody's to write: its reports, its rubric copy, its HOME
         script = NOBODY_GRADER.format(project=str(PROJECT_ROOT), impls=impls, reports=str(public / "reports"),
-                                      workers=WORKERS, timeout=GRADE_TIMEOUT)
-        proc = as_nobody(script, public, env={"PYTEST_ADDOPTS": f"--seed={SEED}"}, timeout=GRADE_TIMEOUT + 60)
+                                      workers=WORKERS, timeout=GRADE_TIMEOUT, seed=class_seed(hostile_class_run))
+        proc = as_nobody(script, public, timeout=GRADE_TIMEOUT + 60)
         assert "RESULT " in proc.stdout, (proc.stdout + proc.stderr)[-3000:]
         run = json.loads(proc.stdout.split("RESULT ", 1)[1])
         assert run["uid"] == NOBODY and run["returncode"] in (0, 1), run["output"]
@@ -113,11 +104,8 @@ def test_nobody_grades_the_hostile_subset_as_root_does(tmp_path, monkeypatch):
     if set(nobody_modes.values()) == {"none"} and "user namespaces were refused" in note:
         pytest.skip("unprivileged user namespaces are refused on this machine: " + note[:300])
 
-    monkeypatch.setenv("PYTEST_ADDOPTS", f"{os.environ.get('PYTEST_ADDOPTS', '')} --seed={SEED}".strip())
-    proc, root_wall = grade(impls, tmp_path / "reports", workers=WORKERS, timeout=GRADE_TIMEOUT)
-    assert proc.returncode in (0, 1), (proc.stdout + proc.stderr)[-4000:]
-    root_rows, root_modes = outcomes(tmp_path / "reports")
-    print(f"\nroot ('namespace'): {len(root_rows)} checks in {root_wall:.0f} s; "
+    root_rows, root_modes = outcomes(hostile_class_run["reports"])
+    print(f"\nroot ('namespace'): the class session, {hostile_class_run['wall']:.0f} s; "
           f"nobody ('userns'): {len(nobody_rows)} checks in {run['wall']:.0f} s")
 
     assert root_modes == dict.fromkeys(NAMES, "namespace"), root_modes
@@ -127,9 +115,8 @@ def test_nobody_grades_the_hostile_subset_as_root_does(tmp_path, monkeypatch):
     table = "\n".join(f"  {key}\n      root:   {a}\n      nobody: {b}" for key, a, b in differ)
     assert not differ, (f"{len(differ)} checks differ, (status, score, findings) or None where missing:\n"
                         f"{table}")
-    # and none is missing from both: every check each session ran has its row in results.json
+    # and none is missing from both: every check nobody's session ran has its row in results.json
+    # (test_hostile's test_session_completes asserts the same of root's)
     for name in NAMES:
         assert any(key.startswith(f"{name}::") for key in root_rows), f"no checks for {name}"
-    root_count = session_count(proc.stdout)
-    assert len(root_rows) == root_count, f"root: pytest ran {root_count} checks, results.json hold {len(root_rows)}"
     assert len(nobody_rows) == nobody_count, f"nobody: pytest ran {nobody_count}, results.json hold {len(nobody_rows)}"
