@@ -42,7 +42,11 @@ ON_GPU = torch.cuda.is_available()
 SELECT = ("(pytorch and (128x128-d64-full or 17x17)) or hygiene or no_library or no_score_matrix"
           " or (triton and (128x128-d64-full or 17x17)) or (budget and pytorch and not reference)")
 MEMORY_LIMIT_GB = "3"  # for every runner of the session: the hog must hit it, not the machine
-ORPHAN_MARK = "hostile-orphan-"
+ORPHAN_MARK = "hostile-orphan-"  # in the command line of every process orphan_children spawns
+# ... and this in those that the tests here and in test_nonroot spawn themselves: the class session
+# kills what is left of orphan_children's, and must not kill a test's running beside it on the
+# other xdist worker (each test kills only its own mark).
+TEST_MARK = "selftest-orphan-"
 
 
 def examples() -> dict:
@@ -96,20 +100,20 @@ def grade(impls: list, reports: Path, workers: int, timeout: float, seed: int = 
     return proc, time.monotonic() - started
 
 
-def orphans() -> list:
+def orphans(mark: str = ORPHAN_MARK) -> list:
     found = []
     for pid in os.listdir("/proc"):
         try:
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().decode(errors="replace")
         except OSError:
             continue
-        if ORPHAN_MARK in cmdline and "cmdline" not in cmdline:
+        if mark in cmdline and "cmdline" not in cmdline:
             found.append((int(pid), cmdline.replace("\0", " ")))
     return found
 
 
-def kill_orphans():
-    for pid, _ in orphans():
+def kill_orphans(mark: str = ORPHAN_MARK):
+    for pid, _ in orphans(mark):
         try:
             os.kill(pid, signal.SIGKILL)
         except OSError:
@@ -338,19 +342,19 @@ def runner_for(tmp_path):
 
 
 def marked(mark: str) -> list:
-    return [c for _, c in orphans() if mark in c]
+    return [c for _, c in orphans(mark)]
 
 
 def test_timeout_kills_the_process_group(runner_for):
     runner = runner_for(f'''
         import subprocess, sys
-        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", "{ORPHAN_MARK}timeout"])
+        subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", "{TEST_MARK}timeout"])
         while True:
             pass
     ''')
     reply = runner.call(REQUEST, timeout=4, what="N=16")
     assert reply.status == "timeout" and reply.message == "timed out after 4 s in forward (N=16)", reply
-    assert not marked(f"{ORPHAN_MARK}timeout")
+    assert not marked(f"{TEST_MARK}timeout")
     # a case no smaller than one that timed out fails at once; a smaller one still runs
     bigger = {**REQUEST, "case": FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=16).to_json()}
     started = time.monotonic()
@@ -365,22 +369,22 @@ def test_no_child_survives_the_runner(runner_for):
     runner = runner_for(f'''
         import os, subprocess, sys
         sleep = "import time; time.sleep(1000)"
-        subprocess.Popen([sys.executable, "-c", sleep, "{ORPHAN_MARK}unit-popen"])
+        subprocess.Popen([sys.executable, "-c", sleep, "{TEST_MARK}unit-popen"])
         if os.fork() == 0:
             os.setsid()
             if os.fork() == 0:
-                os.execv(sys.executable, [sys.executable, "-c", sleep, "{ORPHAN_MARK}unit-setsid"])
+                os.execv(sys.executable, [sys.executable, "-c", sleep, "{TEST_MARK}unit-setsid"])
             os._exit(0)
     ''')
     assert runner.call(REQUEST, timeout=30).ok
     deadline = time.monotonic() + 10
-    while len(marked(f"{ORPHAN_MARK}unit")) < 2 and time.monotonic() < deadline:
+    while len(marked(f"{TEST_MARK}unit")) < 2 and time.monotonic() < deadline:
         time.sleep(0.1)
-    assert len(marked(f"{ORPHAN_MARK}unit")) == 2  # alive between calls, as a runner is
+    assert len(marked(f"{TEST_MARK}unit")) == 2  # alive between calls, as a runner is
     runner.close()
     time.sleep(0.2)
-    left = marked(f"{ORPHAN_MARK}unit")
-    kill_orphans()
+    left = marked(f"{TEST_MARK}unit")
+    kill_orphans(f"{TEST_MARK}unit")
     if runner.uid is None:
         assert left == [c for c in left if "setsid" in c]
         pytest.skip("without a uid of its own, a setsid'd child escapes the process-group kill")

@@ -36,8 +36,8 @@ from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from tests.self.test_hostile import (
     HOSTILE,
-    ORPHAN_MARK,
     REQUEST,
+    TEST_MARK,
     children_holding_memory,
     kill_orphans,
     make_submission,
@@ -148,7 +148,7 @@ def test_tamper_files_finds_nothing(userns):
 
 
 def test_runners_do_not_see_each_other(runners):
-    mark = f"{ORPHAN_MARK}userns-neighbour"
+    mark = f"{TEST_MARK}userns-neighbour"
     first = runners(f'''
         import subprocess, sys
         subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1000)", "{mark}"])
@@ -156,9 +156,9 @@ def test_runners_do_not_see_each_other(runners):
     try:
         assert first.call(REQUEST, timeout=60).ok
         deadline = time.monotonic() + 10
-        while not [c for _, c in orphans() if mark in c] and time.monotonic() < deadline:
+        while not [c for _, c in orphans(mark)] and time.monotonic() < deadline:
             time.sleep(0.1)
-        assert [c for _, c in orphans() if mark in c], "the first runner's child never started"
+        assert [c for _, c in orphans(mark)], "the first runner's child never started"
         second = runners(attempts(f'''
             seen = [open(f"/proc/{{p}}/cmdline", "rb").read() for p in os.listdir("/proc") if p.isdigit()]
             out["neighbour visible"] = any(b"{mark}" in c for c in seen)
@@ -167,12 +167,12 @@ def test_runners_do_not_see_each_other(runners):
         assert report(second.call(REQUEST, timeout=60)) == {"neighbour visible": False}
     finally:
         first.close()
-    assert not [c for _, c in orphans() if mark in c]
+    assert not [c for _, c in orphans(mark)]
 
 
 def test_hang_kills_every_child(runners):
     """setsid'd and double-forked children leave the process group; the PID namespace keeps them."""
-    mark = f"{ORPHAN_MARK}userns-hang"
+    mark = f"{TEST_MARK}userns-hang"
     runner = runners(f'''
         import os, subprocess, sys
         sleep = "import time; time.sleep(1000)"
@@ -191,11 +191,11 @@ def test_hang_kills_every_child(runners):
         reply = runner.call(REQUEST, timeout=5, what="N=16")
         assert reply.status == "timeout" and reply.message == "timed out after 5 s in forward (N=16)", reply
         time.sleep(0.2)
-        left = [c for _, c in orphans() if mark in c]
+        left = [c for _, c in orphans(mark)]
         assert not left, left
         assert not os.path.exists(f"/proc/{launcher}")  # reaped: no zombie
     finally:
-        kill_orphans()
+        kill_orphans(mark)
 
 
 def test_watchdog_counts_setsid_children(runners):
@@ -317,7 +317,7 @@ def test_a_grader_that_is_not_root(tmp_path):
             if os.fork() == 0:
                 os.setsid()
                 os.execv(sys.executable, [sys.executable, "-c", "import time; time.sleep(1000)",
-                                          "{ORPHAN_MARK}nonroot-setsid"])
+                                          "{TEST_MARK}nonroot-setsid"])
             while True:
                 pass
         ''')
@@ -342,9 +342,9 @@ def test_a_grader_that_is_not_root(tmp_path):
                         "signal every process": "ProcessLookupError", "pids": [1, 2]}, seen
         assert out["hang"] == ["timeout", "timed out after 4 s in forward"], out
         time.sleep(0.2)
-        assert not [c for _, c in orphans() if f"{ORPHAN_MARK}nonroot" in c]
+        assert not [c for _, c in orphans(f"{TEST_MARK}nonroot")]
     finally:
-        kill_orphans()
+        kill_orphans(f"{TEST_MARK}nonroot")
         shutil.rmtree(public, ignore_errors=True)
 
 
