@@ -406,6 +406,7 @@ class GradingPlugin:
             items.sort(key=lambda item: shards.cost_rank(getattr(item, "grading_shard", "")))
         else:  # a runner's distributed checks one after another: its ranks serve them all
             items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
+
         def group_of(item):
             name = submission_of(item)
             return shards.group_name(name, getattr(item, "grading_shard", "")) if name is not None else None
