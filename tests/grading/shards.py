@@ -70,11 +70,12 @@ def groups_together(items: list, group_of) -> None:
     runner when the next group's check comes (plugin.Grading._switch_to). A submission's runner
     then restarted between two of its checks: a cost, and a verdict that depended on -n (a
     replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
+    keys = [group_of(item) or ("no group", index) for index, item in enumerate(items)]
     first = {}
-    for index, item in enumerate(items):
-        first.setdefault(group_of(item) or ("no group", index), index)
-    order = {id(item): first[group_of(item) or ("no group", index)] for index, item in enumerate(items)}
-    items.sort(key=lambda item: order[id(item)])  # stable
+    for index, key in enumerate(keys):
+        first.setdefault(key, index)
+    order = sorted(range(len(items)), key=lambda index: first[keys[index]])  # stable
+    items[:] = [items[index] for index in order]
 
 
 def smallest_case_first(items: list, group_of) -> None:
