@@ -26,7 +26,7 @@ import sys
 import tempfile
 import time
 import xml.etree.ElementTree as ET
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -82,7 +82,7 @@ def official_tests(repo: Path, timeout: int) -> dict:
     shutil.copyfile(OFFICIAL / "test_attention.py", copy / "tests" / "test_official_attention.py")
     xml = scratch / "junit.xml"
     command = [sys.executable, "-m", "pytest", "tests/test_official_attention.py", "-q", "-p", "no:cacheprovider",
-               "-o", "addopts=", f"--junitxml={xml}", "--rootdir", str(copy)]
+               "-o", "addopts=", "-p", "no:fa2_grader", f"--junitxml={xml}", "--rootdir", str(copy)]
     try:
         proc = subprocess.run(command, cwd=copy, env=official_environment(copy, scratch), capture_output=True,
                               text=True, timeout=timeout)
@@ -109,11 +109,14 @@ def official_tests(repo: Path, timeout: int) -> dict:
 
 # -- grading and the table -----------------------------------------------------------------------
 
-def grade(grader: Path, reports: Path, workers: int, select: str, log: Path, timeout: float, seed=None) -> float:
-    """Grade the corpus with the grader in `grader`; past `timeout` the run is stopped and every
-    repo's results.json is assembled from the checks that finished (each is written on its own)."""
+def grade(grader: Path, reports: Path, workers: int, select: str, log: Path, timeout: float, seed=None,
+          repos=("*",)) -> float:
+    """Grade the corpus (the repos matching the globs `repos`) with the grader in `grader`; past
+    `timeout` the run is stopped and every repo's results.json is assembled from the checks that
+    finished (each is written on its own)."""
     start = time.monotonic()
-    command = [sys.executable, "-m", "pytest", "-n", str(workers), f"--impl={CORPUS}/*", f"--reports={reports}",
+    command = [sys.executable, "-m", "pytest", "-n", str(workers), *(f"--impl={CORPUS}/{r}" for r in repos),
+               f"--reports={reports}",
                "-p", "no:cacheprovider", "-q", "-k", select] + ([f"--seed={seed}"] if seed is not None else [])
     with log.open("w") as out:
         try:
@@ -177,7 +180,8 @@ def table(official: dict, graded: dict, old: dict | None) -> str:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("action", choices=["prepare", "run", "table"])
+    parser.add_argument("action", choices=["prepare", "run", "official", "table"],
+                        help="official: only the official tests (run: they, then the grader)")
     parser.add_argument("--out", type=Path, default=Path("corpus-results"))
     parser.add_argument("--old", action="store_true", help="also grade with the archived old grader")
     parser.add_argument("--old-commit", default="HEAD", help="for prepare: the grader commit to archive")
@@ -188,28 +192,37 @@ def main() -> None:
     parser.add_argument("--official-from", type=Path, help="reuse an earlier run's official.json")
     parser.add_argument("--grade-timeout", type=float, default=3600, help="seconds for one grading run")
     parser.add_argument("--seed", type=int, help="the grading runs' --seed (default: a fresh secret one)")
+    parser.add_argument("--repos", nargs="+", default=["*"],
+                        help="the corpus folders to grade and test, as globs (default: all); a class too "
+                             "slow for one device call can be split")
     args = parser.parse_args()
     if args.action == "prepare":
         return prepare(args.old_commit)
     args.out.mkdir(parents=True, exist_ok=True)
-    if args.action == "run":
+    if args.action in ("run", "official"):
         install_wheels()
-        repos = sorted(p for p in CORPUS.iterdir() if p.is_dir() and not p.name.startswith("."))
+        repos = sorted({p for r in args.repos for p in CORPUS.glob(r) if p.is_dir() and not p.name.startswith(".")})
         if args.official_from:
             official = json.loads(args.official_from.read_text())
         else:
             print(f"official attention tests on {len(repos)} repos ...", flush=True)
-            with ThreadPoolExecutor(max_workers=4) as pool:
-                official = dict(zip((r.name for r in repos),
-                                    pool.map(lambda r: official_tests(r, args.official_timeout), repos)))
+            official, started = {}, time.monotonic()
+            with ThreadPoolExecutor(max_workers=8) as pool:
+                running = {pool.submit(official_tests, r, args.official_timeout): r.name for r in repos}
+                for done in as_completed(running):  # written as each ends, so a cut run keeps them
+                    official[running[done]] = done.result()
+                    (args.out / "official.json").write_text(json.dumps(official, indent=1))
+                    print(f"  {running[done]}: {time.monotonic() - started:.0f} s", flush=True)
         (args.out / "official.json").write_text(json.dumps(official, indent=1))
+        if args.action == "official":
+            return print(json.dumps(official, indent=1))
         print(f"grading {len(repos)} repos with -n {args.workers} ...", flush=True)
         seconds = grade(ROOT, args.out / "reports", args.workers, args.select, args.out / "grader.log",
-                        args.grade_timeout, args.seed)
+                        args.grade_timeout, args.seed, args.repos)
         print(f"graded in {seconds:.0f} s", flush=True)
         if args.old:
             seconds = grade(OLD_GRADER, args.out / "reports-old", args.workers, args.select,
-                            args.out / "grader-old.log", args.grade_timeout, args.seed)
+                            args.out / "grader-old.log", args.grade_timeout, args.seed, args.repos)
             print(f"old grader: {seconds:.0f} s", flush=True)
     official = json.loads((args.out / "official.json").read_text())
     graded = summarize(args.out / "reports")
