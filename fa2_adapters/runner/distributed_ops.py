@@ -29,11 +29,19 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from fa2_adapters.runner.toy_models import (
+    BufferedModel,
+    CourseTokenModel,
+    ToyModel,
+    ToyModelWithTiedWeights,
+    UnevenModel,
+    course_layers,
+)
 
 # The folder holding fa2_adapters/: the runner's trusted copy, never the project itself.
 TRUSTED_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel, "uneven": UnevenModel}
+MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel, "uneven": UnevenModel,
+          "course": CourseTokenModel}
 FEATURES = {"toy": (10, 5), "tied": (10, 5), "buffered": (10, 5), "uneven": (16, 4)}  # (in, out)
 
 DDP_FLAVOURS = {
@@ -56,10 +64,23 @@ def build_model(name: str, seed: int) -> torch.nn.Module:
 
 
 def make_batches(name: str, seed: int, steps: int, batch: int):
-    """(x, y) of shapes (steps, batch, in) and (steps, batch, out) for model `name`."""
-    n_in, n_out = FEATURES[name]
+    """(x, y) of shapes (steps, batch, in) and (steps, batch, out) for model `name`; for the
+    course's token model, token ids (steps, batch, SEQ) and a label per sequence (steps, batch)."""
     g = torch.Generator().manual_seed(seed)
+    if name == "course":
+        vocab, seq = CourseTokenModel.VOCAB, CourseTokenModel.SEQ
+        return (torch.randint(0, vocab, (steps, batch, seq), generator=g),
+                torch.randint(0, vocab, (steps, batch), generator=g))
+    n_in, n_out = FEATURES[name]
     return torch.randn(steps, batch, n_in, generator=g), torch.randn(steps, batch, n_out, generator=g)
+
+
+def training_loss(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
+    """The loss model `name` trains on, in float32: the official FSDP tests' cross-entropy of the
+    last position's logits for the token model, mean squared error for the others."""
+    if name == "course":
+        return F.cross_entropy(out[:, -1, :].float(), y)
+    return F.mse_loss(out.float(), y)
 
 
 # -- the collective log -----------------------------------------------------------------------
@@ -383,8 +404,8 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
     """Each scenario (a compute dtype): every rank builds the same model, wraps it with get_fsdp
     and trains it with SGD over the wrapper's parameters() on its slice of each global batch.
     Returns fsdp_gather_full_params right after wrapping, after the first step and after
-    training, the numel and dtypes of parameters(), and the dtypes the model's Linear/Embedding
-    layers produced (when their forward still runs)."""
+    training, the numel and dtypes of parameters(), the dtypes the model's Linear/Embedding
+    layers produced (when their forward still runs), and whose classes those layers are."""
     RECORDER.install()
     calls = Calls(load_submission(spec))
     scenarios = {s["name"]: s for s in spec["scenarios"]}
@@ -393,11 +414,12 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
         s = scenarios[name]
         compute_dtype = getattr(torch, s["compute_dtype"]) if s["compute_dtype"] else None
         model = build_model(spec["model"], spec["model_seed"])  # the same on every rank
+        if spec["model"] == "course":  # from the submission's cs336_basics, as the official tests build it
+            model, result["layers"] = course_layers(model)
         seen = set()  # output dtypes of the layers that FSDP is meant to shard
-        for layer in model.modules():
-            if isinstance(layer, (torch.nn.Linear, torch.nn.Embedding)):
-                layer.register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
-                                            if torch.is_tensor(out) else None)
+        for name in ("embedding", "linear1", "linear2", "lm_head"):
+            getattr(model, name).register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
+                                                       if torch.is_tensor(out) else None)
         x, y = make_batches(spec["model"], spec["data_seed"], spec["steps"], spec["batch"])
         local = x.shape[1] // world_size
         rows = slice(rank * local, (rank + 1) * local)
@@ -417,7 +439,7 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
             RECORDER.phase = "forward"
             optimizer.zero_grad()
             out = calls.run("the wrapper's forward", fsdp_model, x[step, rows])
-            loss = F.mse_loss(out.float(), y[step, rows])
+            loss = training_loss(spec["model"], out, y[step, rows])
             RECORDER.phase = "backward"
             calls.run("loss.backward()", loss.backward)
             RECORDER.phase = "after_backward"

@@ -14,8 +14,13 @@ Each one exists to exercise a specific way a data-parallel wrapper can go wrong:
 - UnevenModel: parameters of very different sizes, in an order where round-robin sharding by
   count puts almost all the state on rank 0. That meets the handout (about 1/world_size of the
   parameters); only numel-aware balancing passes the advice check state_balanced.
+- CourseTokenModel: the official FSDP tests' model (tests/test_fsdp.py, ToyFSDPModel): token ids
+  through an Embedding, RMSNorms and bias-free Linears. The handout's FSDP wraps "any Linear or
+  Embedding layer" of the course's model, which students find by their cs336_basics classes, so
+  the FSDP ranks build it from the submission's cs336_basics.model (`course_layers`) as the
+  official tests do; the grader trains this file's twin, with the same math and weights.
 
-All take (in_features, out_features) like the course's models, and every random number but
+All but CourseTokenModel take (in_features, out_features) like the course's models, and every random number but
 the tied model's buffer comes from torch's global RNG, so `torch.manual_seed(s)` before
 construction fixes the weights.
 """
@@ -94,3 +99,62 @@ class UnevenModel(nn.Module):
         x = torch.tanh(self.fc2(x))
         x = torch.tanh(self.fc3(x))
         return self.fc4(x)
+
+
+class CourseLinear(nn.Linear):
+    """cs336_basics.model.Linear's math, x @ W^T with W of shape (d_out, d_in) and no bias; an
+    nn.Linear, so wrappers that look for nn.Linear find it too."""
+
+    def __init__(self, in_features: int, out_features: int):
+        super().__init__(in_features, out_features, bias=False)
+
+
+class CourseRMSNorm(nn.Module):
+    """cs336_basics.model.RMSNorm's math: in float32, eps 1e-5, back to the input's dtype."""
+
+    def __init__(self, hidden_size: int, eps: float = 1e-5):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x):
+        in_dtype = x.dtype
+        x = x.to(torch.float32)
+        return (self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(in_dtype)
+
+
+class CourseTokenModel(nn.Module):
+    """The official FSDP tests' ToyFSDPModel (vocab 100, d_model 64, d_ff 128), from the layer
+    classes given: this file's twins by default, or the submission's cs336_basics.model ones."""
+
+    VOCAB, SEQ = 100, 8
+
+    def __init__(self, embedding=nn.Embedding, linear=CourseLinear, norm=CourseRMSNorm, d_model=64, d_ff=128):
+        super().__init__()
+        self.embedding = embedding(self.VOCAB, d_model)
+        self.norm1 = norm(d_model)
+        self.linear1 = linear(d_model, d_ff)
+        self.norm2 = norm(d_ff)
+        self.linear2 = linear(d_ff, d_model)
+        self.lm_head = linear(d_model, self.VOCAB)
+
+    def forward(self, tokens):
+        x = self.linear1(self.norm1(self.embedding(tokens)))
+        return self.lm_head(self.linear2(self.norm2(torch.relu(x))))
+
+
+def course_layers(twin: CourseTokenModel) -> tuple[nn.Module, str]:
+    """`twin` rebuilt from the submission's cs336_basics.model Embedding, Linear and RMSNorm, with
+    twin's weights: (model, where its layers come from). Falls back to `twin` itself, saying why,
+    when those classes cannot be imported or do not hold the course's parameters."""
+    try:
+        from cs336_basics.model import Embedding, Linear, RMSNorm
+    except Exception as exc:  # noqa: BLE001 (any failure of student code: say it, use the twin)
+        return twin, f"torch.nn layers (from cs336_basics.model import Embedding, Linear, RMSNorm failed: {exc!r})"
+    try:
+        model = CourseTokenModel(Embedding, Linear, RMSNorm)
+        model.load_state_dict(twin.state_dict())
+    except Exception as exc:  # noqa: BLE001
+        return twin, (f"torch.nn layers (cs336_basics.model's Embedding, Linear and RMSNorm do not hold the "
+                      f"course's parameters: {exc!r})")
+    return model, "cs336_basics.model's Embedding, Linear and RMSNorm"

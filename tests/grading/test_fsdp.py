@@ -1,23 +1,32 @@
 """FSDP checks (the 2026 edition's get_fsdp), on 2 gloo ranks on the CPU.
 
-The runner spawns the ranks (fa2_adapters.runner.distributed_ops.fsdp_rank). Every rank builds the same toy
-model, wraps it with get_fsdp (compute_dtype None, then float16), trains it for a few SGD steps
-over the wrapper's parameters() on its slice of each global batch, and returns
-fsdp_gather_full_params right after wrapping, after the first step and at the end, plus the size
-and dtypes of parameters(). This process trains the same model on the full batches and judges.
+The runner spawns the ranks (fa2_adapters.runner.distributed_ops.fsdp_rank). Every rank builds the
+official FSDP tests' model (token ids -> Embedding -> RMSNorm -> Linear -> ReLU -> RMSNorm -> Linear
+-> lm_head) from the submission's cs336_basics.model classes, as the official tests do: the
+handout's FSDP wraps "any Linear or Embedding layer" of the course's model, and students find those
+by their cs336_basics classes (a model of torch.nn.Linear layers left such an FSDP sharding nothing).
+It wraps it with get_fsdp (compute_dtype None, then float16), trains it for a few SGD steps on
+the cross-entropy of the last position's logits (the official tests' loss) over the wrapper's
+parameters(), on its slice of each global batch, and returns fsdp_gather_full_params right after
+wrapping, after the first step and at the end, plus the size and dtypes of parameters(). This
+process trains the same model (fa2_adapters/runner/toy_models.py's twin of the course's layers,
+with the same weights) on the full batches and judges.
 
 fp32: the data-parallel argument of test_distributed.py, so DDP's tolerance (distributed_checks: atol 1e-5).
 
-fp16 compute: the baseline is single-process training with the same casting (each Linear's
-weight, bias and input cast to float16, the loss in float32, fp32 master weights and SGD). The
+fp16 compute: the baseline is single-process training with the same casting (each Linear's and
+the Embedding's weight cast to float16 as the official tests' hooks do; the activations follow,
+since the model starts from an Embedding; the loss in float32, fp32 master weights and SGD). The
 order of float16 roundings still differs (each rank's half-batch gradient is rounded on its
 own, the reduction may run in fp16 or fp32), so the rule scales with how much float16 moves the
 result at all: with gap = max |fp32 baseline - fp16 baseline| over the parameters,
-    max |gathered - fp16 baseline| <= FP16_FACTOR * gap + FP16_ATOL.
-Over a dozen seeds the reference sits at <= 1.4 gap, and at <= 2.1 gap when it reduces in fp16;
-a wrong reduction (summed, not averaged) is off by ~1e-2. An FSDP that ignores compute_dtype
+    max |gathered - fp16 baseline| <= min(FP16_FACTOR * gap, FP16_CAP) + FP16_ATOL.
+On the course's token model the gap swings with the seed (2.2e-5 to 5.8e-3 over seeds 0 to 3) while
+correct FSDPs sit at 1.2e-5 to 2.6e-5 from the baseline whatever the gap (the reference over four
+seeds; FSC2333's and iddahmlauzi's corpus FSDPs at one), so the cap keeps the rule about 10x above
+them, where a large gap alone would admit errors 300x theirs. An FSDP that ignores compute_dtype
 lands within the rule too, so it is caught separately: it matches the fp32 baseline to float32
-precision (<= FP32_MATCH), which float16 compute never does (>= ~1e-5 here).
+precision (<= FP32_MATCH), which float16 compute never does (gap >= 2.2e-5 here).
 
 Without get_fsdp in the adapters (the 2025 template) the checks are skipped and carry no points.
 """
@@ -25,7 +34,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fa2_adapters.runner.distributed_ops import build_model, make_batches
+from fa2_adapters.runner.distributed_ops import build_model, make_batches, training_loss
 from tests.grading.distributed_checks import (
     ATOL,
     RTOL,
@@ -39,10 +48,10 @@ from tests.grading.distributed_checks import (
     settle_scenario,
 )
 
-FSDP_MODEL = "toy"
+FSDP_MODEL = "course"
 FSDP_STEPS, FSDP_BATCH, FSDP_LR = 5, 8, 0.1  # plain SGD: a wrong gradient scale shows in the parameters
 PRECISIONS = {"fp32": None, "fp16": "float16"}
-FP16_FACTOR, FP16_ATOL = 3.0, 2e-5
+FP16_FACTOR, FP16_CAP, FP16_ATOL = 3.0, 2.5e-4, 2e-5
 FP32_MATCH = 2e-6  # closer than this to fp32 training: float16 was never used
 NUMEL_SLACK = 16
 SHARDED_LAYERS = (torch.nn.Linear, torch.nn.Embedding)
@@ -68,11 +77,11 @@ def gate_fsdp(c, grading, submission):
 # -- baselines --------------------------------------------------------------------------------
 
 def cast_compute(model, dtype):
-    """Make each Linear/Embedding compute in `dtype` from its fp32 parameters (autograd casts back)."""
+    """Make each Linear/Embedding compute with its weight cast to `dtype` from the fp32 parameter
+    (autograd casts the gradient back), as the official tests' _apply_mixed_precision_hooks do."""
     for layer in model.modules():
         if isinstance(layer, torch.nn.Linear):
-            layer.forward = lambda x, m=layer: F.linear(
-                x.to(dtype), m.weight.to(dtype), None if m.bias is None else m.bias.to(dtype))
+            layer.forward = lambda x, m=layer: F.linear(x, m.weight.to(dtype))
         elif isinstance(layer, torch.nn.Embedding):
             layer.forward = lambda x, m=layer: F.embedding(x, m.weight.to(dtype), m.padding_idx)
 
@@ -87,7 +96,7 @@ def train_baseline(grading, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(steps):
             optimizer.zero_grad()
-            F.mse_loss(model(x[step, rows]).float(), y[step, rows]).backward()
+            training_loss(FSDP_MODEL, model(x[step, rows]), y[step, rows]).backward()
             optimizer.step()
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
@@ -128,6 +137,11 @@ def gathered(c, ranks, tensors, precision, kind, want):
                    f"rank order and reshaped.")
         out.append(got)
     return out
+
+
+def layers_text(ranks) -> str:
+    """Where the ranks' model took its layers from (the submission's cs336_basics, or why not)."""
+    return f"; the model was built from {ranks[0]['layers']}" if ranks and ranks[0].get("layers") else ""
 
 
 def diffs_text(finals, want) -> str:
@@ -234,28 +248,30 @@ def test_fsdp_equivalence(grading, submission, check, precision):
     dtype = PRECISIONS[precision]
     expected = train_baseline(grading, dtype)
     finals = gathered(c, ranks, tensors, precision, "final", expected)
-    diffs = diffs_text(finals, expected)
+    diffs = diffs_text(finals, expected) + layers_text(ranks)
     worst = max(max_diff(final, expected)[0] for final in finals)
     if dtype is None:
         if all(close(final[n], expected[n]) for final in finals for n in expected):
             c.ok(f"all {len(ranks)} ranks gather the parameters of single-process training on the full batch "
-                 f"after {FSDP_STEPS} steps (max difference {worst:.1e})")
+                 f"after {FSDP_STEPS} steps (max difference {worst:.1e}){layers_text(ranks)}")
             return
         c.fail(explain(grading, precision, ranks, tensors) or
                f"the gathered parameters differ from single-process training (max difference {worst:.2g}).", diffs)
 
     fp32 = train_baseline(grading)
     gap = max_diff(fp32, expected)[0]
-    bound = FP16_FACTOR * gap + FP16_ATOL
-    rule = (f"max difference from fp16-compute training {worst:.2g}, allowed {FP16_FACTOR:g} x {gap:.2g} "
-            f"(fp32 vs fp16-compute training) + {FP16_ATOL:g} = {bound:.2g}")
+    bound = min(FP16_FACTOR * gap, FP16_CAP) + FP16_ATOL
+    rule = (f"max difference from fp16-compute training {worst:.2g}, allowed min({FP16_FACTOR:g} x {gap:.2g} "
+            f"(fp32 vs fp16-compute training), {FP16_CAP:g}) + {FP16_ATOL:g} = {bound:.2g}")
     layer_dtypes = sorted({d for s in ranks for d in s.get("layer_dtypes", ())})
     seen = f"; the Linear layers produced {', '.join(layer_dtypes)} outputs" if layer_dtypes else ""
+    seen += layers_text(ranks)
     if worst <= bound:
         from_fp32 = max(max_diff(final, fp32)[0] for final in finals)
         if from_fp32 <= FP32_MATCH < gap:
             c.fail(f"compute_dtype={dtype} had no effect: the parameters match training entirely in float32 "
-                   f"(max difference {from_fp32:.1e}); cast the gathered weights, and the layers' inputs, to it.",
+                   f"(max difference {from_fp32:.1e}); cast the gathered weights to it, as the handout says, "
+                   f"'before communicating or using them for compute'.",
                    rule + seen)
         c.ok(f"all {len(ranks)} ranks within the fp16 rule after {FSDP_STEPS} steps: {rule}{seen}")
         return
@@ -282,7 +298,7 @@ def test_fsdp_sharded(grading, submission, check):
     bound = sharded // WORLD_SIZE + (total - sharded) + (WORLD_SIZE - 1) * tensors + NUMEL_SLACK
     held = [s["numel"] for s in ranks]
     evidence = (f"elements in the wrapper's parameters() per rank: {held}; the model has {total} ({sharded} in "
-                f"Linear/Embedding weights); allowed per rank {bound}")
+                f"Linear/Embedding weights); allowed per rank {bound}{layers_text(ranks)}")
     if all(h >= total for h in held):
         c.fail(f"every rank's parameters() hold the whole model ({held[0]} elements of {total}): the parameters "
                f"are not sharded, so neither is the optimizer.", evidence)

@@ -1,0 +1,88 @@
+"""The FSDP checks build their model from the submission's cs336_basics.model, as the official tests do.
+
+The handout's FSDP wraps "any Linear or Embedding layer" of the course's model, and real
+submissions find those layers by their cs336_basics classes (both 2026 FSDPs of the corpus do).
+The checks trained a model of torch.nn.Linear layers, so such an FSDP sharded nothing: on the H100
+both corpus FSDPs failed fsdp::sharded or fsdp::equivalence[fp16] while being correct.
+
+Here a throwaway 2026 submission brings its own cs336_basics (Linear and Embedding that are not
+torch.nn's) and the bundled reference FSDP, told to shard those classes only. Graded for FSDP, it
+must pass every check, with the model built from its classes.
+"""
+import json
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+COURSE_MODEL = """
+import torch
+from torch import nn
+
+
+class Linear(nn.Module):  # y = x W^T, W of shape (d_out, d_in), no bias: the course's layout
+    def __init__(self, in_features, out_features, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(nn.init.trunc_normal_(torch.empty(out_features, in_features), std=0.02))
+
+    def forward(self, x):
+        return torch.einsum("...i,oi->...o", x, self.weight)
+
+
+class Embedding(nn.Module):
+    def __init__(self, num_embeddings, embedding_dim, device=None, dtype=None):
+        super().__init__()
+        self.weight = nn.Parameter(nn.init.trunc_normal_(torch.empty(num_embeddings, embedding_dim)))
+
+    def forward(self, token_ids):
+        return self.weight[token_ids]
+
+
+class RMSNorm(nn.Module):
+    def __init__(self, hidden_size, eps=1e-5, device=None):
+        super().__init__()
+        self.weight = nn.Parameter(torch.ones(hidden_size))
+        self.eps = eps
+
+    def forward(self, x):
+        in_dtype = x.dtype
+        x = x.to(torch.float32)
+        return (self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(in_dtype)
+"""
+
+ADAPTERS = """
+from cs336_systems.fsdp import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp  # noqa: F401
+"""
+
+
+def write_submission(root: Path) -> Path:
+    sub = root / "course_layers_fsdp"
+    for package in ("tests", "cs336_systems", "cs336_basics"):
+        (sub / package).mkdir(parents=True)
+        (sub / package / "__init__.py").write_text("")
+    (sub / "cs336_basics" / "model.py").write_text(textwrap.dedent(COURSE_MODEL))
+    reference = (ROOT / "submissions" / "reference" / "cs336_systems" / "fsdp.py").read_text()
+    line = "SHARDED_MODULES = (nn.Linear, nn.Embedding)"
+    assert line in reference
+    (sub / "cs336_systems" / "fsdp.py").write_text(reference.replace(
+        line, "from cs336_basics.model import Embedding, Linear  # noqa: E402\nSHARDED_MODULES = (Linear, Embedding)"))
+    (sub / "tests" / "adapters.py").write_text(ADAPTERS)
+    return sub
+
+
+def test_an_fsdp_of_the_course_layers_passes(tmp_path):
+    sub = write_submission(tmp_path)
+    reports = tmp_path / "reports"
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", f"--impl={sub}",
+               f"--reports={reports}", "-k", "fsdp", "--seed", "20261125"]
+    run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
+    results = reports / sub.name / "results.json"
+    assert results.is_file(), run.stdout[-3000:] + run.stderr[-2000:]
+    checks = {t["name"].split("::", 1)[1]: t for t in json.loads(results.read_text())["tests"]
+              if t["extra_data"]["part"] == "fsdp"}
+    assert set(checks) == {"fsdp::equivalence[fp32]", "fsdp::equivalence[fp16]", "fsdp::sharded[fp32]"}
+    for name, t in checks.items():
+        assert t["extra_data"]["outcome"] == "passed", f"{name}: {t['output']}"
+        assert "built from cs336_basics.model's Embedding, Linear and RMSNorm" in t["output"], t["output"]
