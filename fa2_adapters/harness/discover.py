@@ -201,22 +201,38 @@ def find_submissions(patterns: list[str]) -> list[Submission]:
     return list(found.values())
 
 
-def _function_defs(submission: Submission) -> dict:
-    """The top-level function definitions of the adapters file, read with ast, never imported."""
+def _adapters_body(submission: Submission) -> list:
+    """The top-level statements of the adapters file, read with ast, never imported."""
     import ast
 
     if submission.adapters_file is None:
-        return {}
+        return []
     try:
-        tree = ast.parse((submission.root / submission.adapters_file).read_text())
+        return ast.parse((submission.root / submission.adapters_file).read_text()).body
     except (SyntaxError, UnicodeDecodeError, OSError):
-        return {}
-    return {node.name: node for node in tree.body if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
+        return []
+
+
+def _function_defs(submission: Submission) -> dict:
+    """The top-level function definitions of the adapters file."""
+    import ast
+
+    return {node.name: node for node in _adapters_body(submission)
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef))}
 
 
 def defined_functions(submission: Submission) -> set[str]:
-    """Names of the top-level functions in the adapters file."""
-    return set(_function_defs(submission))
+    """Names the adapters file defines at top level: its functions, and the names it imports or
+    assigns (`from cs336_systems.fsdp import get_fsdp` provides get_fsdp as a def does)."""
+    import ast
+
+    names = set(_function_defs(submission))
+    for node in _adapters_body(submission):
+        if isinstance(node, (ast.Import, ast.ImportFrom)):
+            names |= {alias.asname or alias.name.split(".")[0] for alias in node.names}
+        elif isinstance(node, ast.Assign):
+            names |= {target.id for target in node.targets if isinstance(target, ast.Name)}
+    return names
 
 
 def stub_functions(submission: Submission) -> set[str]:

@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from fa2_adapters.harness.discover import load_submission, stub_functions
+from fa2_adapters.harness.discover import defined_functions, load_submission, stub_functions
 from fa2_adapters.wire.cases import FlashCase, make_inputs
 from reference.oracle import attention_and_grads
 from reference.tolerance import expected_attention, judge_attention
@@ -100,6 +100,21 @@ def test_stub_functions(tmp_path, body, stub):
     (tmp_path / "tests").mkdir()
     (tmp_path / "tests" / "adapters.py").write_text(f"def get_ddp(module):\n    {body}\n")
     assert (stub_functions(load_submission(tmp_path)) == {"get_ddp"}) is stub
+
+
+def test_adapters_that_import_their_functions_define_them(tmp_path):
+    """An adapters file may re-export its functions by import or assignment: they count as defined
+    (before, an FSDP given so was skipped as a 2025 template and a sharded optimizer 'not attempted')."""
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "adapters.py").write_text(
+        "from cs336_systems.fsdp import get_fsdp, gather as fsdp_gather_full_params\n"
+        "from cs336_systems import sharded\n"
+        "get_sharded_optimizer = sharded.ShardedOptimizer\n"
+        "def get_ddp(module):\n    raise NotImplementedError\n")
+    submission = load_submission(tmp_path)
+    assert {"get_fsdp", "fsdp_gather_full_params", "get_sharded_optimizer", "get_ddp"} <= defined_functions(submission)
+    assert "gather" not in defined_functions(submission)
+    assert stub_functions(submission) == {"get_ddp"}
 
 
 def test_only_the_first_tiles_right_points_at_the_grid():
