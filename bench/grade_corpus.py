@@ -31,7 +31,11 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 CORPUS = ROOT / "corpus"
-OFFICIAL = CORPUS / ".official"  # the course's tests/test_attention.py (hidden from --impl globs)
+OFFICIAL = CORPUS / ".official"  # the course's tests (hidden from --impl globs)
+# The course's distributed tests changed between years: 2025 (v1.0.5) tested get_ddp_individual_parameters
+# and get_ddp_bucketed; 2026 tests get_ddp and FSDP. Each repo is tested with its own year's tests.
+COURSE_YEARS = {"2025": "e495ed7", "2026": "9d95f3b"}
+DISTRIBUTED_TESTS = ("test_ddp.py", "test_ddp_individual_parameters.py", "test_sharded_optimizer.py", "test_fsdp.py")
 OLD_GRADER = CORPUS / ".old-grader"
 WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
@@ -46,6 +50,15 @@ def prepare(old_commit: str) -> None:
     test = subprocess.run(["git", "--git-dir", COURSE_REPO, "show", "HEAD:tests/test_attention.py"],
                           check=True, capture_output=True, text=True).stdout
     (OFFICIAL / "test_attention.py").write_text(test)
+    for year, commit in COURSE_YEARS.items():  # the distributed tests with the files they import
+        files = subprocess.run(["git", "--git-dir", COURSE_REPO, "ls-tree", "-r", "--name-only", commit, "tests"],
+                               check=True, capture_output=True, text=True).stdout.split()
+        for name in files:
+            if Path(name).name in DISTRIBUTED_TESTS + ("common.py", "conftest.py") or "/fixtures/" in name:
+                target = OFFICIAL / year / Path(name).relative_to("tests")
+                target.parent.mkdir(parents=True, exist_ok=True)
+                target.write_bytes(subprocess.run(["git", "--git-dir", COURSE_REPO, "show", f"{commit}:{name}"],
+                                                  check=True, capture_output=True).stdout)
     shutil.rmtree(OLD_GRADER, ignore_errors=True)
     OLD_GRADER.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", old_commit], check=True, capture_output=True).stdout
@@ -72,16 +85,33 @@ def official_environment(repo: Path, scratch: Path) -> dict:
             "PYTHONDONTWRITEBYTECODE": "1"}
 
 
-def official_tests(repo: Path, timeout: int) -> dict:
-    """Run the course's test_attention.py in a copy of `repo`: {test name: outcome}."""
+def course_year(repo: Path) -> str:
+    """The course year a repo follows: 2025 repos were handed test_ddp_individual_parameters.py."""
+    return "2025" if (repo / "tests" / "test_ddp_individual_parameters.py").exists() else "2026"
+
+
+def official_tests(repo: Path, timeout: int, suite: str = "attention") -> dict:
+    """Run the course's tests in a copy of `repo`: {test name: outcome}. suite "attention" is this
+    year's test_attention.py (as test_official_attention.py); "distributed" is the DDP, sharded
+    optimizer and FSDP tests of the repo's course year, with their common.py, conftest.py and
+    fixtures in place of the repo's copies (they run on the CPU, over gloo)."""
     scratch = Path(tempfile.mkdtemp(prefix=f"official-{repo.name}-"))
     copy = scratch / repo.name
     shutil.copytree(repo, copy, ignore=shutil.ignore_patterns(".git", "__pycache__"))
     (copy / "tests").mkdir(exist_ok=True)
     (copy / "tests" / "__init__.py").touch()
-    shutil.copyfile(OFFICIAL / "test_attention.py", copy / "tests" / "test_official_attention.py")
+    if suite == "attention":
+        shutil.copyfile(OFFICIAL / "test_attention.py", copy / "tests" / "test_official_attention.py")
+        tests = ["tests/test_official_attention.py"]
+    else:
+        year = OFFICIAL / course_year(repo)
+        shutil.copytree(year, copy / "tests", dirs_exist_ok=True)
+        tests = [f"tests/{t.name}" for t in sorted(year.glob("test_*.py"))]
     xml = scratch / "junit.xml"
-    command = [sys.executable, "-m", "pytest", "tests/test_official_attention.py", "-q", "-p", "no:cacheprovider",
+    # The distributed tests rendezvous on a fixed port (common.py: 12390), so two repos tested at once
+    # collide (EADDRINUSE): each runs in a network namespace of its own, with only a loopback.
+    isolate = ["unshare", "-n", "sh", "-c", 'ip link set lo up && exec "$@"', "sh"] if suite != "attention" else []
+    command = [*isolate, sys.executable, "-m", "pytest", *tests, "-q", "-p", "no:cacheprovider",
                "-o", "addopts=", "-p", "no:fa2_grader", f"--junitxml={xml}", "--rootdir", str(copy)]
     try:
         proc = subprocess.run(command, cwd=copy, env=official_environment(copy, scratch), capture_output=True,
@@ -94,6 +124,8 @@ def official_tests(repo: Path, timeout: int) -> dict:
     outcomes = {}
     for case in ET.parse(xml).getroot().iter("testcase"):
         name = case.get("name")
+        if suite != "attention":  # several files: test_official_ddp::test_DistributedDataParallel[...]
+            name = f"{case.get('classname').split('.')[-1]}::{name}"
         outcome = "passed"
         for child in case:
             if child.tag in ("failure", "error"):
@@ -189,6 +221,9 @@ def main() -> None:
                         help="pytest -k for the grading runs (default: all but the timing budgets)")
     parser.add_argument("--workers", type=int, default=os.cpu_count() or 2)
     parser.add_argument("--official-timeout", type=int, default=600)
+    parser.add_argument("--suite", choices=["attention", "distributed"], default="attention",
+                        help="for official: which of the course's tests (distributed: on the CPU, over gloo)")
+    parser.add_argument("--threads", type=int, default=8, help="for official: repos tested at once")
     parser.add_argument("--official-from", type=Path, help="reuse an earlier run's official.json")
     parser.add_argument("--grade-timeout", type=float, default=3600, help="seconds for one grading run")
     parser.add_argument("--seed", type=int, help="the grading runs' --seed (default: a fresh secret one)")
@@ -205,10 +240,10 @@ def main() -> None:
         if args.official_from:
             official = json.loads(args.official_from.read_text())
         else:
-            print(f"official attention tests on {len(repos)} repos ...", flush=True)
+            print(f"official {args.suite} tests on {len(repos)} repos ...", flush=True)
             official, started = {}, time.monotonic()
-            with ThreadPoolExecutor(max_workers=8) as pool:
-                running = {pool.submit(official_tests, r, args.official_timeout): r.name for r in repos}
+            with ThreadPoolExecutor(max_workers=args.threads) as pool:
+                running = {pool.submit(official_tests, r, args.official_timeout, args.suite): r.name for r in repos}
                 for done in as_completed(running):  # written as each ends, so a cut run keeps them
                     official[running[done]] = done.result()
                     (args.out / "official.json").write_text(json.dumps(official, indent=1))
