@@ -417,9 +417,9 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
         if spec["model"] == "course":  # from the submission's cs336_basics, as the official tests build it
             model, result["layers"] = course_layers(model)
         seen = set()  # output dtypes of the layers that FSDP is meant to shard
-        for name in ("embedding", "linear1", "linear2", "lm_head"):
-            getattr(model, name).register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
-                                                       if torch.is_tensor(out) else None)
+        for layer in ("embedding", "linear1", "linear2", "lm_head"):
+            getattr(model, layer).register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
+                                                        if torch.is_tensor(out) else None)
         x, y = make_batches(spec["model"], spec["data_seed"], spec["steps"], spec["batch"])
         local = x.shape[1] // world_size
         rows = slice(rank * local, (rank + 1) * local)

@@ -20,9 +20,9 @@ Each one exists to exercise a specific way a data-parallel wrapper can go wrong:
   the FSDP ranks build it from the submission's cs336_basics.model (`course_layers`) as the
   official tests do; the grader trains this file's twin, with the same math and weights.
 
-All but CourseTokenModel take (in_features, out_features) like the course's models, and every random number but
-the tied model's buffer comes from torch's global RNG, so `torch.manual_seed(s)` before
-construction fixes the weights.
+All but CourseTokenModel take (in_features, out_features) like the course's models, and every
+random number but the tied model's buffer comes from torch's global RNG, so
+`torch.manual_seed(s)` before construction fixes the weights.
 """
 import torch
 from torch import nn

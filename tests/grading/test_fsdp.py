@@ -21,7 +21,7 @@ order of float16 roundings still differs (each rank's half-batch gradient is rou
 own, the reduction may run in fp16 or fp32), so the rule scales with how much float16 moves the
 result at all: with gap = max |fp32 baseline - fp16 baseline| over the parameters,
     max |gathered - fp16 baseline| <= min(FP16_FACTOR * gap, FP16_CAP) + FP16_ATOL.
-On the course's token model the gap swings with the seed (2.2e-5 to 5.8e-3 over seeds 0 to 3) while
+On the course's token model the gap swings with the seed (2.2e-5 to 5.8e-3 over four seeds) while
 correct FSDPs sit at 1.2e-5 to 2.6e-5 from the baseline whatever the gap (the reference over four
 seeds; FSC2333's and iddahmlauzi's corpus FSDPs at one), so the cap keeps the rule about 10x above
 them, where a large gap alone would admit errors 300x theirs. An FSDP that ignores compute_dtype
