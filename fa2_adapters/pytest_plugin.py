@@ -47,8 +47,6 @@ def pytest_configure(config):
 def pytest_load_initial_conftests(early_config, parser, args):
     if not early_config.known_args_namespace.impl or not GRADER_SETTINGS.is_file():
         return
-    if os.environ.get("PYTEST_XDIST_WORKER"):  # the controller chose the settings; a worker that started
-        return                                 # again would leave xdist without it ("node down")
     if early_config.inipath is not None and early_config.inipath.resolve() == GRADER_SETTINGS:
         return
     found = early_config.inipath or "no settings file"
