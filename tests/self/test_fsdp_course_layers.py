@@ -7,7 +7,9 @@ both corpus FSDPs failed fsdp::sharded or fsdp::equivalence[fp16] while being co
 
 Here a throwaway 2026 submission brings its own cs336_basics (Linear and Embedding that are not
 torch.nn's) and the bundled reference FSDP, told to shard those classes only. Graded for FSDP, it
-must pass every check, with the model built from its classes.
+must pass every check, with the model built from its classes; told to ignore compute_dtype, it must
+fail the fp16 check alone, on the dtype its layers computed in (with the official tests' SGD rate,
+float16 barely moves the parameters, so they alone cannot tell).
 """
 import json
 import subprocess
@@ -56,8 +58,17 @@ ADAPTERS = """
 from cs336_systems.fsdp import fsdp_gather_full_params, fsdp_on_after_backward, get_fsdp  # noqa: F401
 """
 
+# The same FSDP, deaf to compute_dtype: everything stays float32.
+ADAPTERS_IGNORING_DTYPE = ADAPTERS + """
+from cs336_systems import fsdp
 
-def write_submission(root: Path) -> Path:
+
+def get_fsdp(module, compute_dtype=None):
+    return fsdp.get_fsdp(module, None)
+"""
+
+
+def write_submission(root: Path, adapters: str = ADAPTERS) -> Path:
     sub = root / "course_layers_fsdp"
     for package in ("tests", "cs336_systems", "cs336_basics"):
         (sub / package).mkdir(parents=True)
@@ -68,13 +79,12 @@ def write_submission(root: Path) -> Path:
     assert line in reference
     (sub / "cs336_systems" / "fsdp.py").write_text(reference.replace(
         line, "from cs336_basics.model import Embedding, Linear  # noqa: E402\nSHARDED_MODULES = (Linear, Embedding)"))
-    (sub / "tests" / "adapters.py").write_text(ADAPTERS)
+    (sub / "tests" / "adapters.py").write_text(adapters)
     return sub
 
 
-def test_an_fsdp_of_the_course_layers_passes(tmp_path):
-    sub = write_submission(tmp_path)
-    reports = tmp_path / "reports"
+def fsdp_checks(sub: Path, reports: Path) -> dict:
+    """Grade `sub` for FSDP: {check name: its results.json test}."""
     command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", f"--impl={sub}",
                f"--reports={reports}", "-k", "fsdp", "--seed", "20261125"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
@@ -83,6 +93,20 @@ def test_an_fsdp_of_the_course_layers_passes(tmp_path):
     checks = {t["name"].split("::", 1)[1]: t for t in json.loads(results.read_text())["tests"]
               if t["extra_data"]["part"] == "fsdp"}
     assert set(checks) == {"fsdp::equivalence[fp32]", "fsdp::equivalence[fp16]", "fsdp::sharded[fp32]"}
+    return checks
+
+
+def test_an_fsdp_of_the_course_layers_passes(tmp_path):
+    checks = fsdp_checks(write_submission(tmp_path), tmp_path / "reports")
     for name, t in checks.items():
         assert t["extra_data"]["outcome"] == "passed", f"{name}: {t['output']}"
         assert "built from cs336_basics.model's Embedding, Linear and RMSNorm" in t["output"], t["output"]
+
+
+def test_an_fsdp_that_ignores_compute_dtype_fails_fp16_only(tmp_path):
+    checks = fsdp_checks(write_submission(tmp_path, ADAPTERS_IGNORING_DTYPE), tmp_path / "reports")
+    fp16 = checks.pop("fsdp::equivalence[fp16]")
+    assert fp16["extra_data"]["outcome"] == "failed"
+    assert fp16["output"].startswith("compute_dtype=float16 had no effect: the layers computed in float32"), \
+        fp16["output"]
+    assert all(t["extra_data"]["outcome"] == "passed" for t in checks.values()), checks
