@@ -29,6 +29,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fa2_adapters.runner.errors import describe
 from fa2_adapters.runner.toy_models import (
     BufferedModel,
     CourseTokenModel,
@@ -202,13 +203,6 @@ class Calls:
 
     def call(self, name, *args, **kwargs):
         return self.run(name, self.fn(name), *args, **kwargs)
-
-
-def describe(exc: BaseException) -> str:
-    if isinstance(exc, SystemExit):
-        return f"called sys.exit({exc.code!r})"
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0]}" if text else type(exc).__name__
 
 
 def run_scenarios(names, body) -> dict:
