@@ -42,16 +42,8 @@ class Embedding(nn.Module):
         return self.weight[token_ids]
 
 
-class RMSNorm(nn.Module):
-    def __init__(self, hidden_size, eps=1e-5, device=None):
-        super().__init__()
-        self.weight = nn.Parameter(torch.ones(hidden_size))
-        self.eps = eps
-
-    def forward(self, x):
-        in_dtype = x.dtype
-        x = x.to(torch.float32)
-        return (self.weight * x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + self.eps)).to(in_dtype)
+# The norm is not what this test is about: the grader's own twin of the course's RMSNorm.
+from fa2_adapters.runner.toy_models import CourseRMSNorm as RMSNorm  # noqa: E402,F401
 """
 
 ADAPTERS = """
