@@ -3,7 +3,9 @@
 The controller adds every grading test's report (setup, call and teardown, as pytest timed them
 in the worker that ran it), and the terminal summary prints the totals. Under xdist the tests
 overlap, so the sums exceed the wall time; they still say which kinds of check cost the most.
+The wall clock is split too: starting up, the checks, the workers stopping, scoring and reports.
 """
+import time
 from collections import defaultdict
 
 
@@ -20,8 +22,15 @@ class Durations:
         self.by_submission = defaultdict(float)
         self._kind_of_test = {}  # nodeid -> kind, learned from the check record on the call report
         self._setup = defaultdict(float)  # nodeid -> setup seconds, until its record names the kind
+        # Wall-clock marks (time.monotonic) in the controller: the phases of the whole run.
+        self.marks = {"started": time.monotonic()}
+
+    def mark(self, name: str) -> None:
+        self.marks[name] = time.monotonic()
 
     def add(self, submission: str, nodeid: str, seconds: float, record: dict | None) -> None:
+        self.marks.setdefault("first result", time.monotonic())
+        self.mark("last result")
         self.by_submission[submission] += seconds
         if record is not None:
             kind = self._kind_of_test[nodeid] = kind_of(record)
@@ -32,8 +41,23 @@ class Durations:
         else:  # setup comes before the call that names the kind
             self._setup[nodeid] += seconds
 
+    # The wall clock's phases: each ends at its mark, and starts at the last mark before it that was set.
+    PHASES = (("first result", "until the first result"), ("last result", "of checks"),
+              ("workers down", "until the last worker stopped"), ("scoring", "until scoring began"),
+              ("reports written", "scoring and writing reports"))
+
+    def wall_clock(self) -> str:
+        """'wall clock 447 s: 12 s until the first result, 373 s of checks, ...'."""
+        parts, since = [], self.marks["started"]
+        for mark, what in self.PHASES:
+            if mark in self.marks:
+                parts.append(f"{self.marks[mark] - since:.0f} s {what}")
+                since = self.marks[mark]
+        total = time.monotonic() - self.marks["started"]
+        return f"wall clock {total:.0f} s" + (": " + ", ".join(parts) if parts else "")
+
     def lines(self, top: int = 10) -> list:
-        """The slowest check kinds and submissions, one line each."""
+        """The slowest check kinds and submissions, one line each, then the wall clock's phases."""
         if left := sum(self._setup.values()):  # tests that never recorded a check
             self.by_kind["(tests without a check record)"] += left
             self._setup.clear()
@@ -46,4 +70,4 @@ class Durations:
         ranked = sorted(self.by_submission.items(), key=lambda kv: -kv[1])
         lines.append(f"time by submission (the {min(top, len(ranked))} slowest of {len(ranked)}):")
         lines += [f"  {seconds:8.1f} s  {name}" for name, seconds in ranked[:top]]
-        return lines
+        return lines + [self.wall_clock()]

@@ -553,6 +553,10 @@ class GradingPlugin:
         if not self.pending:
             self._set_pending(self._submission_of_id(i) for i in ids)
 
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_testnodedown(self, node, error):
+        self.durations.mark("workers down")  # the last worker's, in the end
+
     def _submission_of_id(self, nodeid: str):
         """The submission of a test id as a worker reports it under loadgroup, "<id>@<group>", the
         group being the submission's name, or "<name>/<shard>" (tests/grading/shards.py)."""
@@ -604,12 +608,14 @@ class GradingPlugin:
             shutil.rmtree(Path(self._probe["path"]).parent, ignore_errors=True)
         if self.is_worker or self.config.option.collectonly:
             return
+        self.durations.mark("scoring")
         summary = []
         for s in self.state.submissions:
             graded = self._assemble(s.name)
             summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         self.summary = summary
         build_reports(self.state.reports, student_view=self.config.getoption("--student-view"))
+        self.durations.mark("reports written")
 
     def pytest_terminal_summary(self, terminalreporter):
         if self.is_worker or not getattr(self, "summary", None):

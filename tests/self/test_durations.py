@@ -15,3 +15,14 @@ def test_setup_and_teardown_count_for_the_check_they_belong_to():
     assert any(line.split()[-1] == "ddp::equivalence" for line in lines)
     assert any("(tests without a check record)" in line for line in lines)
     assert lines[lines.index("time by submission (the 2 slowest of 2):") + 1].split() == ["8.0", "s", "alice"]
+
+
+def test_the_wall_clock_is_split_at_the_marks_that_were_set():
+    durations = Durations()
+    start = durations.marks["started"]
+    durations.marks.update({"first result": start + 12, "last result": start + 385, "scoring": start + 440,
+                            "reports written": start + 445})
+    line = durations.wall_clock()
+    assert line.split(": ", 1)[1] == ("12 s until the first result, 373 s of checks, 55 s until scoring began, "
+                                      "5 s scoring and writing reports")
+    assert Durations().wall_clock().startswith("wall clock 0 s")
