@@ -327,6 +327,18 @@ class GradingPlugin:
             config.option.loadscopereorder = False
         if self.is_worker:
             config.option.loadgroup = True
+        elif self.failures_left_to_reports(config):
+            config.option.tbstyle = "no"
+            self._failures_not_shown = True
+
+    def failures_left_to_reports(self, config) -> bool:
+        """A class's failures go to the reports alone, not to pytest's FAILURES section too: it is
+        thousands of entries there, and pytest spends time quadratic in the number of tests on it
+        (each failure scans every report for its teardown sections, pytest-dev/pytest#13360): 20 to
+        50 s after a class of 39 on an H100 (notes/grading-speed.md, 2026-11-25, fifth session).
+        One submission keeps it, for the student who reads it; so does a run given --tb."""
+        given = any(arg.startswith("--tb") for arg in config.invocation_params.args)
+        return len(self.state.submissions) > 1 and not given and config.option.tbstyle == "auto"
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
@@ -627,3 +639,5 @@ class GradingPlugin:
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
+        if getattr(self, "_failures_not_shown", False):
+            terminalreporter.write_line("why each check failed: in the reports (or here, with --tb=short)")
