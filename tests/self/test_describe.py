@@ -4,9 +4,6 @@ Compiler errors put the place on their first line and the reason in the exceptio
 the H100 the corpus's reports said only "raised CompilationError: at 90:51:" (Triton: tl.dot of
 fp32 and bf16, in 35 checks of Pointer0111) and "the backward raised BackendCompilerFailed:
 backend='inductor' raised:" (torch.compile's inductor on a bf16 dtype mismatch).
-
-Nothing here imports triton in the test process: test_flash_triton sets TRITON_INTERPRET when it
-is imported, and a triton imported before that (in the same xdist worker) fails its 28 tests.
 """
 import subprocess
 import sys
@@ -53,7 +50,7 @@ def test_a_triton_compilation_error_says_its_reason():
 class BackendCompilerFailed(Exception):
     """torch._dynamo.exc.BackendCompilerFailed's shape (torch 2.11 and 2.13): the message names the
     backend, the original exception is `inner_exception`, and it is raised `from None`. Not
-    imported: importing torch._dynamo imports triton (see above)."""
+    imported: importing torch._dynamo costs seconds, and this is all describe() reads of it."""
 
     def __init__(self, inner_exception: Exception):
         self.inner_exception = inner_exception

@@ -1,7 +1,8 @@
 """Project tests for the Triton FlashAttention-2 reference (reference/flash_triton.py).
 
-Without a GPU they run on the CPU through the Triton interpreter (TRITON_INTERPRET=1, set
-below before Triton is imported); with a GPU they run the compiled, autotuned kernels.
+Without a GPU they run on the CPU through the Triton interpreter (TRITON_INTERPRET=1, set by
+tests/self/conftest.py before any test module imports Triton); with a GPU they run the
+compiled, autotuned kernels.
 Every value is judged against the float64 oracle with the project's tolerance rule, with
 plain PyTorch in the input dtype as the baseline.
 
@@ -14,16 +15,12 @@ code is untouched. If the patch cannot be applied the bf16 cases are skipped and
 """
 import os
 
+import pytest
 import torch
 
-if not torch.cuda.is_available():
-    os.environ.setdefault("TRITON_INTERPRET", "1")
-
-import pytest  # noqa: E402
-
-from reference.flash_triton import FlashAttentionTriton  # noqa: E402
-from reference.oracle import attention_and_grads  # noqa: E402
-from reference.tolerance import GRAD_FACTOR, OUTPUT_FACTOR, compare  # noqa: E402
+from reference.flash_triton import FlashAttentionTriton
+from reference.oracle import attention_and_grads
+from reference.tolerance import GRAD_FACTOR, OUTPUT_FACTOR, compare
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
