@@ -310,6 +310,7 @@ class GradingPlugin:
         self.durations = Durations()  # controller only
         self._runner_seen = set()
         self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
+        self._failures_not_shown = False  # controller only: pytest's FAILURES section left to the reports
         if self.is_worker and (probe := config.workerinput.get("isolation_probe")):
             shared_probe.adopt(Path(probe["path"]), probe["question"])
 
@@ -639,5 +640,5 @@ class GradingPlugin:
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
-        if getattr(self, "_failures_not_shown", False):
+        if self._failures_not_shown:
             terminalreporter.write_line("why each check failed: in the reports (or here, with --tb=short)")
