@@ -5,6 +5,7 @@ repository by default, or an archived older one, to compare):
 
     python bench/grade_speed.py single --out $OUT/single [--grader DIR] [--workers auto] [--cold] [--limit S] [--seed N]
     python bench/grade_speed.py class  --out $OUT/class  [--grader DIR] [--workers auto] [--limit S] [--seed N]
+    (either with [--fresh-caches]: compile into new, empty caches of the run's own)
     python bench/grade_speed.py startup --out $OUT/startup
     python bench/grade_speed.py table  $OUT/single $OUT/class ...
 
@@ -21,7 +22,9 @@ counted. `class` grades the bundled class (the reference and submissions/example
 `-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole
 run, and the time of every check from the check records (`recorded_at`, written as each check
 finishes) by check kind and by submission. A run stopped at `--limit` seconds still counts
-what finished, marked as stopped. `table` prints one row per run, the runner starts, the worker that finished
+what finished, marked as stopped; and how busy the CPUs and GPUs were (bench/utilization.py:
+a run whose CPUs are busy throughout is CPU-bound, and more GPUs will not speed it up). `table`
+prints one row per run, the runner starts, the worker that finished
 last (with bench/timeline.py's record of which test ran where and when) and the slowest check
 kinds. `startup` times the process starts every shard pays, alone on the machine.
 """
@@ -37,16 +40,29 @@ from collections import defaultdict
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from bench.utilization import Utilization  # noqa: E402
 
 
 def triton_cache_dir() -> Path:
     """Where the grader keeps compiled kernels between runs (fa2_adapters/harness/kernel_cache.py)."""
-    sys.path.insert(0, str(ROOT))
     from fa2_adapters.harness.kernel_cache import cache_root
     return cache_root() / "triton"
 
 
-def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed: int | None = None) -> dict:
+def fresh_caches(out: Path) -> dict:
+    """Empty caches of this run's own, for every compiler the grader and its runners use: two runs
+    compare from the same cold start, whatever ran on the machine before."""
+    caches = out / "caches"
+    shutil.rmtree(caches, ignore_errors=True)
+    names = {"GRADER_CACHE_DIR": "grader", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor",
+             "XDG_CACHE_HOME": "xdg"}
+    return {variable: str(caches / name) for variable, name in names.items()}
+
+
+def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed: int | None = None,
+          env: dict | None = None) -> dict:
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.timeline",
@@ -54,11 +70,11 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
     if seed is not None:  # the same inputs as another run, so their verdicts compare check by check
         command.append(f"--seed={seed}")
     print("+", " ".join(command), flush=True)
-    env = {**os.environ, "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
+    env = {**os.environ, **(env or {}), "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
     (out / "timeline.json").unlink(missing_ok=True)
     start = time.monotonic()
     stopped = False
-    with (out / "pytest.log").open("w") as log:
+    with (out / "pytest.log").open("w") as log, Utilization() as use:
         try:
             status = subprocess.run(command, cwd=grader, stdout=log, stderr=subprocess.STDOUT, timeout=limit,
                                     env=env).returncode
@@ -67,7 +83,8 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
     wall = time.monotonic() - start
     return {"command": " ".join(command[1:]), "wall_s": round(wall, 1), "status": status, "stopped": stopped,
             "started": time.time() - wall, **breakdown(reports, time.time() - wall, workers == "0"),
-            "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json")}
+            "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json"),
+            "utilization": use.summary()}
 
 
 def runner_starts(reports: Path) -> dict:
@@ -150,6 +167,8 @@ def main() -> int:
         p.add_argument("--label", default="")
         p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
         p.add_argument("--seed", type=int, help="the grader's --seed (default: a fresh secret one)")
+        p.add_argument("--fresh-caches", action="store_true",
+                       help="compile into new, empty caches of this run's own (Triton, inductor, the kept kernels)")
         if name == "single":
             p.add_argument("--cold", action="store_true", help="empty the kept Triton cache first")
     sub.add_parser("startup").add_argument("--out", type=Path, required=True)
@@ -165,17 +184,20 @@ def main() -> int:
         (args.out / "startup.json").write_text(json.dumps({"gpus": gpu_names(), "steps": startup(args.out)}))
         return 0
     grader = args.grader.resolve()
+    env = fresh_caches(args.out) if args.fresh_caches else {}
     if args.what == "single":
         if args.cold:
             shutil.rmtree(triton_cache_dir(), ignore_errors=True)
         # The grader's own copy: only its bundled reference may link into its reference/.
         result = grade(grader, [str(grader / "submissions" / "reference")], args.workers, args.out, args.limit,
-                       args.seed)
+                       args.seed, env)
         result["scenario"] = f"single -n {args.workers}" + (" cold" if args.cold else " warm")
     else:
         impls = [str(grader / "submissions" / "reference"), str(grader / "submissions" / "examples" / "*")]
-        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed)
+        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env)
         result["scenario"] = f"class -n {args.workers}"
+    if args.fresh_caches:
+        result["scenario"] = result["scenario"].removesuffix(" warm") + " fresh caches"
     result["label"] = args.label or grader.name
     result["gpus"] = gpu_names()
     (args.out / "speed.json").write_text(json.dumps(result, indent=1))
@@ -223,13 +245,16 @@ def gpu_names() -> list:
 
 def print_table(runs: list) -> None:
     results = [json.loads((Path(r) / "speed.json").read_text()) for r in runs]
-    print("\n| run | grader | GPUs | wall s | checks | outcomes | stopped |")
-    print("|---|---|---|---|---|---|---|")
+    print("\n| run | grader | GPUs | wall s | CPU busy | GPU busy s | checks | outcomes | stopped |")
+    print("|---|---|---|---|---|---|---|---|---|")
     for r in results:
         gpus = f"{len(r['gpus'])}x {r['gpus'][0]}" if r.get("gpus") else "cpu"
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
-        print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {r['checks']} | {outcomes} | "
-              f"{'yes, at the limit' if r['stopped'] else 'no'} |")
+        use = r.get("utilization") or {}
+        cpu = f"{use['cpu_busy']:.0%} of {use['cpus']}" if use.get("cpu_busy") is not None else "-"
+        gpu_busy = " + ".join(f"{b:.0f}" for b in use.get("gpu_busy_s", [])) or "-"
+        print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {cpu} | {gpu_busy} | {r['checks']} | "
+              f"{outcomes} | {'yes, at the limit' if r['stopped'] else 'no'} |")
     for r in results:
         if r.get("runner_starts"):
             print(f"\n{r['scenario']}: runner starts {r['runner_starts']}")

@@ -1,0 +1,79 @@
+"""How busy the machine's CPUs and GPUs were during a run, sampled every few seconds.
+
+    with Utilization() as use:
+        run_the_grader()
+    use.summary()  # {"seconds": 446.7, "cpus": 32, "cpu_busy": 0.93, "gpu_busy_s": [147.0, 0.0]}
+
+CPU: the share of all cores' time not idle, from /proc/stat's first line between the first and
+the last sample (Linux only; None elsewhere). GPU: nvidia-smi's utilization.gpu (the share of its
+last sample period in which a kernel ran) integrated over the samples, per GPU, in seconds; []
+without nvidia-smi. A grading run that keeps the CPUs busy and a GPU busy a third of the time is
+CPU-bound: a second GPU cannot speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
+"""
+import os
+import shutil
+import subprocess
+import threading
+import time
+
+
+def cpu_times():
+    """(busy, total) jiffies over every core since boot, or None without /proc/stat."""
+    try:
+        with open("/proc/stat") as f:
+            fields = [int(x) for x in f.readline().split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    total = sum(fields[:8])  # user nice system idle iowait irq softirq steal (guest is inside user)
+    return total - idle, total
+
+
+def gpu_utilization():
+    """Each GPU's utilization.gpu in percent, or [] without nvidia-smi."""
+    if shutil.which("nvidia-smi") is None:
+        return []
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=20).stdout
+        return [float(line) for line in out.split()]
+    except (OSError, ValueError, subprocess.TimeoutExpired):
+        return []
+
+
+class Utilization:
+    def __init__(self, period: float = 5.0):
+        self.period = period
+        self.samples = []  # (monotonic time, cpu_times(), gpu_utilization())
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _sample(self):
+        self.samples.append((time.monotonic(), cpu_times(), gpu_utilization()))
+
+    def _run(self):
+        while not self._stop.wait(self.period):
+            self._sample()
+
+    def __enter__(self):
+        self._sample()
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc):
+        self._stop.set()
+        self._thread.join()
+        self._sample()
+
+    def summary(self) -> dict:
+        first, last = self.samples[0], self.samples[-1]
+        cpu_busy = None
+        if first[1] and last[1] and last[1][1] > first[1][1]:
+            cpu_busy = round((last[1][0] - first[1][0]) / (last[1][1] - first[1][1]), 3)
+        gpus = min((len(s[2]) for s in self.samples), default=0)
+        busy = [0.0] * gpus
+        for (t0, _, u0), (t1, _, u1) in zip(self.samples, self.samples[1:]):  # the trapezoid rule
+            for i in range(gpus):
+                busy[i] += (u0[i] + u1[i]) / 200 * (t1 - t0)
+        return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
+                "gpu_busy_s": [round(b, 1) for b in busy]}

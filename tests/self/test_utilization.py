@@ -1,0 +1,21 @@
+"""bench/utilization.py: what grade_speed.py reports of how busy the CPUs and GPUs were."""
+from bench.utilization import Utilization, cpu_times
+
+
+def test_busy_shares_come_from_the_first_and_last_samples_and_gpus_are_integrated():
+    use = Utilization()
+    use.samples = [(0.0, (100, 1000), [0.0, 100.0]), (10.0, (400, 1500), [100.0, 100.0]),
+                   (20.0, (850, 2000), [100.0, 0.0])]
+    summary = use.summary()
+    assert summary["cpu_busy"] == 0.75  # 750 busy jiffies of 1000
+    assert summary["gpu_busy_s"] == [15.0, 15.0]  # trapezoids: 5 + 10 s, and 10 + 5 s
+    assert summary["seconds"] == 20.0
+
+
+def test_a_real_run_samples_at_its_start_and_end():
+    with Utilization(period=60) as use:
+        sum(range(100_000))
+    assert len(use.samples) == 2
+    summary = use.summary()
+    if cpu_times() is not None:  # Linux
+        assert summary["cpu_busy"] is None or 0.0 <= summary["cpu_busy"] <= 1.0
