@@ -115,7 +115,7 @@ class Grading:
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.
-        self.threads = max(1, (os.cpu_count() or 1) // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+        self.threads = max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
         torch.set_num_threads(self.threads)
         # The worker's own CUDA work (oracles, the timing check's SDPA) on its runners' GPU: on two
         # H200s every worker's went to GPU 0 (22 processes there, 2 on the other, most of a run).
@@ -242,6 +242,16 @@ def joined_logs(logs: dict) -> str:
     share = LOG_TAILS_CHARS // len(logs)
     return "\n".join(f"--- the runner of {shard or 'the submission'} ---\n{tail[-share:]}"
                      for shard, tail in sorted(logs.items()))
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity where the OS has one (taskset, the cpuset
+    Slurm gives a job), which os.cpu_count() ignores: a job given 8 cores of a 64-core node
+    would otherwise run 64 / workers threads in each of its workers and runners."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
 
 
 def grading_seed(config, reports: Path) -> int:
