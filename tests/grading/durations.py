@@ -29,8 +29,9 @@ class Durations:
         self.marks[name] = time.monotonic()
 
     def add(self, submission: str, nodeid: str, seconds: float, record: dict | None) -> None:
-        self.marks.setdefault("first result", time.monotonic())
-        self.mark("last result")
+        now = time.monotonic()
+        self.marks.setdefault("first result", now)
+        self.marks["last result"] = now
         self.by_submission[submission] += seconds
         if record is not None:
             kind = self._kind_of_test[nodeid] = kind_of(record)

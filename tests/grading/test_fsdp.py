@@ -277,9 +277,10 @@ def test_fsdp_equivalence(grading, submission, check, precision):
         # when the FSDP still calls the layers' forward), or the parameters are float32 training's
         # (when float16 moves them measurably at all: with the official tests' SGD rate the gap
         # can be under FP32_MATCH).
-        if (layer_dtypes and dtype not in layer_dtypes) or from_fp32 <= FP32_MATCH < gap:
+        layers_ignored_it = bool(layer_dtypes) and dtype not in layer_dtypes
+        if layers_ignored_it or from_fp32 <= FP32_MATCH < gap:
             c.fail(f"compute_dtype={dtype} had no effect: "
-                   + (f"the layers computed in {', '.join(layer_dtypes)}" if layer_dtypes and dtype not in layer_dtypes
+                   + (f"the layers computed in {', '.join(layer_dtypes)}" if layers_ignored_it
                       else f"the parameters match training entirely in float32 (max difference {from_fp32:.1e})")
                    + "; cast the gathered weights to it, as the handout says, 'before communicating or using them "
                      "for compute'.", rule + seen)
