@@ -151,7 +151,15 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
     outcomes = defaultdict(int)
     for r in records:
         outcomes[r.get("outcome", "?")] += 1
+    # What a crowded GPU shows as: a student's out-of-memory crash, or the grader's own error.
+    out_of_memory = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
+                     f"{(r.get('output') or '')[:160]}" for r in records
+                     if r.get("outcome") == "crash" and "out of" in (r.get("output") or "") and "memory" in
+                     (r.get("output") or "")]
+    grader_errors = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
+                     f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == "grader_error"]
     return {"checks": len(records), "outcomes": dict(outcomes), "clock": "wall" if sequential else "runner",
+            "out_of_memory": out_of_memory, "grader_errors": grader_errors,
             "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "by_submission": {k: round(v, 1) for k, v in sorted(by_submission.items(), key=lambda kv: -kv[1])}}
 
@@ -159,7 +167,7 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="what", required=True)
-    for name in ("single", "class"):
+    for name in ("single", "class", "corpus"):
         p = sub.add_parser(name)
         p.add_argument("--out", type=Path, required=True)
         p.add_argument("--grader", type=Path, default=ROOT)
@@ -171,6 +179,9 @@ def main() -> int:
                        help="compile into new, empty caches of this run's own (Triton, inductor, the kept kernels)")
         if name == "single":
             p.add_argument("--cold", action="store_true", help="empty the kept Triton cache first")
+        if name == "corpus":
+            p.add_argument("--repos", nargs="+", default=["*"],
+                           help="folders of corpus/ to grade, as globs (default: all); a fixed part of the class")
     sub.add_parser("startup").add_argument("--out", type=Path, required=True)
     table = sub.add_parser("table")
     table.add_argument("runs", type=Path, nargs="+")
@@ -192,10 +203,14 @@ def main() -> int:
         result = grade(grader, [str(grader / "submissions" / "reference")], args.workers, args.out, args.limit,
                        args.seed, env)
         result["scenario"] = f"single -n {args.workers}" + (" cold" if args.cold else " warm")
-    else:
+    elif args.what == "class":
         impls = [str(grader / "submissions" / "reference"), str(grader / "submissions" / "examples" / "*")]
         result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env)
         result["scenario"] = f"class -n {args.workers}"
+    else:  # the corpus (bench/grade_corpus.py prepares it): real student repos, the throughput benchmark
+        impls = [str(ROOT / "corpus" / repos) for repos in args.repos]
+        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env)
+        result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}"
     if args.fresh_caches:
         result["scenario"] = result["scenario"].removesuffix(" warm") + " fresh caches"
     result["label"] = args.label or grader.name
@@ -245,16 +260,23 @@ def gpu_names() -> list:
 
 def print_table(runs: list) -> None:
     results = [json.loads((Path(r) / "speed.json").read_text()) for r in runs]
-    print("\n| run | grader | GPUs | wall s | CPU busy | GPU busy s | checks | outcomes | stopped |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("\n| run | grader | GPUs | wall s | CPU busy | GPU busy s | GPU memory max | runner starts | checks | "
+          "outcomes | out-of-memory crashes | grader errors | stopped |")
+    print("|---" * 13 + "|")
     for r in results:
         gpus = f"{len(r['gpus'])}x {r['gpus'][0]}" if r.get("gpus") else "cpu"
         outcomes = ", ".join(f"{k} {v}" for k, v in sorted(r["outcomes"].items()))
         use = r.get("utilization") or {}
         cpu = f"{use['cpu_busy']:.0%} of {use['cpus']}" if use.get("cpu_busy") is not None else "-"
         gpu_busy = " + ".join(f"{b:.0f}" for b in use.get("gpu_busy_s", [])) or "-"
-        print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {cpu} | {gpu_busy} | {r['checks']} | "
-              f"{outcomes} | {'yes, at the limit' if r['stopped'] else 'no'} |")
+        memory = " + ".join(f"{m:.1f} GiB" for m in use.get("gpu_memory_max_gib", [])) or "-"
+        starts = (r.get("runner_starts") or {}).get("count", "-")
+        print(f"| {r['scenario']} | {r['label']} | {gpus} | {r['wall_s']} | {cpu} | {gpu_busy} | {memory} | {starts} | "
+              f"{r['checks']} | {outcomes} | {len(r.get('out_of_memory', []))} | {len(r.get('grader_errors', []))} | "
+              f"{'yes, at the limit' if r['stopped'] else 'no'} |")
+    for r in results:
+        for line in r.get("out_of_memory", []) + r.get("grader_errors", []):
+            print(f"  {r['scenario']}: {line}")
     for r in results:
         if r.get("runner_starts"):
             print(f"\n{r['scenario']}: runner starts {r['runner_starts']}")
@@ -270,6 +292,9 @@ def print_table(runs: list) -> None:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
         for kind, (seconds, count) in list(r["by_kind"].items())[:12]:
             print(f"  {seconds:8.1f}  {count:4d}  {kind}")
+        print(f"{r['scenario']}: slowest submissions, seconds ({r['clock']} clock)")
+        for name, seconds in list(r["by_submission"].items())[:8]:
+            print(f"  {seconds:8.1f}  {name}")
 
 
 if __name__ == "__main__":

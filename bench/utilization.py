@@ -2,12 +2,14 @@
 
     with Utilization() as use:
         run_the_grader()
-    use.summary()  # {"seconds": 446.7, "cpus": 32, "cpu_busy": 0.93, "gpu_busy_s": [147.0, 0.0]}
+    use.summary()  # {"seconds": 446.7, "cpus": 32, "cpu_busy": 0.93, "gpu_busy_s": [147.0, 0.0],
+                   #  "gpu_memory_max_gib": [61.2, 3.1]}
 
 CPU: the share of all cores' time not idle, from /proc/stat's first line between the first and
 the last sample (Linux only; None elsewhere). GPU: nvidia-smi's utilization.gpu (the share of its
-last sample period in which a kernel ran) integrated over the samples, per GPU, in seconds; []
-without nvidia-smi. A grading run that keeps the CPUs busy and a GPU busy a third of the time is
+last sample period in which a kernel ran) integrated over the samples, per GPU, in seconds, and
+the most memory.used any sample saw (every process's, the grader's own included); [] without
+nvidia-smi. A grading run that keeps the CPUs busy and a GPU busy a third of the time is
 CPU-bound: a second GPU cannot speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
 """
 import os
@@ -30,13 +32,13 @@ def cpu_times():
 
 
 def gpu_utilization():
-    """Each GPU's utilization.gpu in percent, or [] without nvidia-smi."""
+    """Each GPU's (utilization.gpu in percent, memory.used in MiB), or [] without nvidia-smi."""
     if shutil.which("nvidia-smi") is None:
         return []
     try:
-        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu", "--format=csv,noheader,nounits"],
+        out = subprocess.run(["nvidia-smi", "--query-gpu=utilization.gpu,memory.used", "--format=csv,noheader,nounits"],
                              capture_output=True, text=True, timeout=20).stdout
-        return [float(line) for line in out.split()]
+        return [tuple(float(x) for x in line.split(",")) for line in out.strip().splitlines()]
     except (OSError, ValueError, subprocess.TimeoutExpired):
         return []
 
@@ -74,6 +76,7 @@ class Utilization:
         busy = [0.0] * gpus
         for (t0, _, u0), (t1, _, u1) in zip(self.samples, self.samples[1:]):  # the trapezoid rule
             for i in range(gpus):
-                busy[i] += (u0[i] + u1[i]) / 200 * (t1 - t0)
+                busy[i] += (u0[i][0] + u1[i][0]) / 200 * (t1 - t0)
+        memory = [max(s[2][i][1] for s in self.samples) / 1024 for i in range(gpus)]
         return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
-                "gpu_busy_s": [round(b, 1) for b in busy]}
+                "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory]}

@@ -4,12 +4,14 @@ from bench.utilization import Utilization, cpu_times
 
 def test_busy_shares_come_from_the_first_and_last_samples_and_gpus_are_integrated():
     use = Utilization()
-    use.samples = [(0.0, (100, 1000), [0.0, 100.0]), (10.0, (400, 1500), [100.0, 100.0]),
-                   (20.0, (850, 2000), [100.0, 0.0])]
+    use.samples = [(0.0, (100, 1000), [(0.0, 500.0), (100.0, 1024.0)]),
+                   (10.0, (400, 1500), [(100.0, 40960.0), (100.0, 1024.0)]),
+                   (20.0, (850, 2000), [(100.0, 2048.0), (0.0, 3072.0)])]
     summary = use.summary()
     assert summary["cpu_busy"] == 0.75  # 750 busy jiffies of 1000
     assert summary["gpu_busy_s"] == [15.0, 15.0]  # trapezoids: 5 + 10 s, and 10 + 5 s
     assert summary["seconds"] == 20.0
+    assert summary["gpu_memory_max_gib"] == [40.0, 3.0]  # the highest sample of each GPU, in GiB
 
 
 def test_a_real_run_samples_at_its_start_and_end():
