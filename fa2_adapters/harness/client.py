@@ -68,10 +68,36 @@ class Reply:
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)  # phase name -> monotonic time its message came
     tensors: dict = field(default_factory=dict, repr=False)  # validated, loaded in call()
+    oom: str = ""  # why an allocation failed: host | gpu_budget | gpu_full (serve.py out_of_memory)
 
     @property
     def ok(self) -> bool:
         return self.status == "ok"
+
+
+class GpuCrowded(RuntimeError):
+    """The device had no room for a call even with the GPU to itself: the grader's fault (its own
+    processes fill the card), never the student's; the plugin records it as a grader error."""
+
+
+def call_on_gpu(ledger, call, request: dict, label: str, note) -> Reply:
+    """`call(request)` with its GPU budget (request["gpu_budget"]) reserved, the runner held to it.
+    An out-of-memory error is the student's only when the budget was what ran out. When the device
+    itself was full (the neighbours' memory), the call runs again with the GPU to itself, and if
+    the device is full even then it is the grader's fault (GpuCrowded), never a crash of the
+    student's."""
+    with ledger.reserve(request["gpu_budget"], label, say=note):
+        reply = call(request)
+    if reply.oom != "gpu_full":
+        return reply
+    note(f"the GPU was full of other processes' memory ({reply.message[:200]}); running the call again with "
+         f"the GPU to itself")
+    with ledger.exclusive(label, say=note):
+        reply = call(request)
+    if reply.oom == "gpu_full":
+        raise GpuCrowded(f"the GPU had no room for {gib(request['gpu_budget'])} even with no other check on it: "
+                         f"{reply.message[:300]}")
+    return reply
 
 
 def signal_name(returncode: int) -> str:
@@ -85,8 +111,9 @@ class SubmissionRunner:
     """One submission's runner process, started on first use and restarted after a failure."""
 
     def __init__(self, submission: Submission, env: dict | None = None, import_timeout: float = 120.0,
-                 memory_limit: int | None = None, kept_kernels: Path | None = None):
+                 memory_limit: int | None = None, kept_kernels: Path | None = None, gpu_ledger=None):
         self.submission = submission
+        self.gpu_ledger = gpu_ledger  # gpu_ledger.GpuLedger of the runner's GPU, or None (no GPU)
         self.env = env or {}
         self.import_timeout = import_timeout
         self.memory_limit = runner_memory_limit() if memory_limit is None else memory_limit
@@ -95,7 +122,7 @@ class SubmissionRunner:
         self.uid = sandbox.claim_uid() if self.isolation["mode"] in ("namespace", "uid") else None
         self.scratch_folder = ScratchFolder(submission, self.uid, kept_kernels)
         self.output = OutputTail()
-        self._log(self.isolation["note"])
+        self.note(self.isolation["note"])
         self.process = None
         self.channel = None
         self.watchdog = None  # the running process's
@@ -107,9 +134,9 @@ class SubmissionRunner:
     # -- the scratch folder ----------------------------------------------------------------
     def _copy_submission(self) -> Path:
         """The submission's private copy, made on first use; its notes go into the runner's log."""
-        return self.scratch_folder.copy_submission(log=self._log)
+        return self.scratch_folder.copy_submission(log=self.note)
 
-    def _log(self, note: str) -> None:
+    def note(self, note: str) -> None:
         self.output.write(f"[grader] {note}\n".encode())
 
     # -- lifecycle -------------------------------------------------------------------------
@@ -145,7 +172,7 @@ class SubmissionRunner:
         else:
             self.ready = reply
             # how long a start costs (Python, torch, triton, the adapters): bench/grade_speed.py reads it
-            self._log(f"runner ready in {time.monotonic() - started:.1f} s")
+            self.note(f"runner ready in {time.monotonic() - started:.1f} s")
         if self.ready.get("import_error"):
             self.stop()
         return self.ready
@@ -242,7 +269,22 @@ class SubmissionRunner:
             return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None
 
+    @staticmethod
+    def gpu_budget(request: dict):
+        """The GPU memory a request may use (FlashCase.gpu_budget_bytes), or None off the GPU."""
+        if request.get("device") != "cuda" or request.get("op") not in ("flash", "time_flash"):
+            return None
+        return FlashCase.from_json(request["case"]).gpu_budget_bytes
+
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
+        """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu)."""
+        budget = self.gpu_budget(request) if self.gpu_ledger is not None else None
+        if budget is None:
+            return self._call(request, timeout, what)
+        return call_on_gpu(self.gpu_ledger, lambda r: self._call(r, timeout, what), {**request, "gpu_budget": budget},
+                           f"{self.submission.name}: {request['op']} {what}", self.note)
+
+    def _call(self, request: dict, timeout: float, what: str = "") -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
 
         A case at least as large as one that already timed out (same op, slot and direction) is
@@ -288,10 +330,14 @@ class SubmissionRunner:
         reply = Reply(message["status"], text, result, str(message.get("traceback", ""))[:20000], seconds,
                       dict(self.phases))
         if message.get("oom"):
-            host = self.memory_limit and message["oom"] == "host"
-            limit = f"; the runner's limit is {gib(self.memory_limit)}" if host else ""
-            what_ran_out = "GPU memory" if message["oom"] == "gpu" else "memory"
-            return Reply("crash", f"ran out of {what_ran_out}{where}: {text}{limit}", traceback=reply.traceback)
+            oom = message["oom"] if message["oom"] in ("host", "gpu_full") else "gpu_budget"
+            if oom == "host":
+                limit = f"; the runner's limit is {gib(self.memory_limit)}" if self.memory_limit else ""
+                return Reply("crash", f"ran out of memory{where}: {text}{limit}", traceback=reply.traceback, oom=oom)
+            budget = message.get("gpu_budget") if isinstance(message.get("gpu_budget"), int) else 0
+            allowed = f"; it was allowed {gib(budget)} of GPU memory" if oom == "gpu_budget" and budget else ""
+            return Reply("crash", f"ran out of GPU memory{where}: {text}{allowed}", traceback=reply.traceback,
+                         oom=oom)
         if reply.ok and "tensors" in result:
             try:
                 reply.tensors = wire_tensors.read(self.scratch_folder.exchange, result["tensors"], tag)

@@ -10,6 +10,7 @@ import faulthandler
 import importlib
 import importlib.util
 import os
+import re
 import sys
 import tempfile
 import time
@@ -66,15 +67,54 @@ def load_adapters(root: Path, adapters_file: Path, extra_paths: list):
     return module
 
 
+SIZE = r"([0-9.]+) (bytes|KiB|MiB|GiB|TiB)"
+UNITS = {"bytes": 1, "KiB": 1 << 10, "MiB": 1 << 20, "GiB": 1 << 30, "TiB": 1 << 40}
+
+
+def _size(pattern: str, text: str):
+    match = re.search(pattern.format(size=SIZE), text)
+    return float(match.group(1)) * UNITS[match.group(2)] if match else None
+
+
 def out_of_memory(exc: BaseException):
-    """'host' or 'gpu' when `exc` says an allocation failed (the runner's memory limit, or the
-    device's), else None."""
+    """Why an allocation failed, or None: 'host' (the runner's memory limit), 'gpu_budget' (the
+    GPU memory this call was allowed, gpu_ledger.py) or 'gpu_full' (the device itself had no
+    room: the neighbours', not the student's). From the caching allocator's message: "Tried to
+    allocate A. GPU 0 has a total capacity of T of which F is free. ... this process has U memory
+    in use. L allowed; ...". The budget was hit when U + A passes L, or when the device had the
+    room (F >= A); any other CUDA out-of-memory (cuBLAS's, a kernel launch's) is the device's."""
     text = str(exc)
-    if isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in text:
-        return "gpu"
+    if isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in text or \
+            "CUDA error: out of memory" in text:
+        tried = _size(r"Tried to allocate {size}", text)
+        free = _size(r"of which {size} is free", text)
+        in_use = _size(r"this process has {size} memory in use", text)
+        allowed = _size(r"{size} allowed", text)
+        if tried is not None and ((allowed is not None and (in_use or 0) + tried > allowed) or
+                                  (free is not None and free >= tried)):
+            return "gpu_budget"
+        return "gpu_full"
     if isinstance(exc, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
         return "host"
     return None
+
+
+def hold_to_budget(request: dict) -> None:
+    """Cap this process's GPU allocations at the call's budget (gpu_ledger.py), when it has one."""
+    budget = request.get("gpu_budget")
+    if budget and torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+
+
+def give_back_gpu_memory() -> None:
+    """An idle runner holds no cached GPU memory: the next call, its own or a neighbour's, may
+    need it."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:
+            torch.cuda.empty_cache()
+        except Exception:  # a broken context: the harness restarts this runner anyway
+            pass
 
 
 def cuda_broken(exc: BaseException) -> bool:
@@ -240,6 +280,7 @@ class Runner:
             op = getattr(self, f"op_{request['op']}", None)
             start = CLOCK()
             try:
+                hold_to_budget(request)
                 result = op(request)
                 reply = {"event": "done", "status": "ok", "result": result}
             except NotAttempted as exc:
@@ -249,9 +290,10 @@ class Runner:
                          "traceback": traceback.format_exc(limit=-8)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner
-                    reply.update(oom=oom, restart=True)
+                    reply.update(oom=oom, restart=True, gpu_budget=request.get("gpu_budget"))
             reply["seconds"] = CLOCK() - start
             reply["tag"] = request.get("tag")
+            give_back_gpu_memory()
             self.channel.send(reply)
 
 

@@ -38,6 +38,12 @@ def mistaken(case, seed, device, mistake):
     return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)
 
 
+def oracle_bytes(case) -> int:
+    """GPU memory for a worker's float64 oracle of `case`: 1 GiB of slack and 6 float64 matrices
+    of N_q x N_k (scores, P, dP, dS and the plain baseline's)."""
+    return (1 << 30) + 6 * 8 * (case.work // case.head_dim)
+
+
 def flash_timeout(grading, slot, device) -> float:
     """A flash call's timeout: the Triton slot on a CPU runs under the (slow) interpreter."""
     return grading.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash")

@@ -24,6 +24,8 @@ import threading
 import time
 import traceback
 from collections import Counter
+from contextlib import contextmanager
+from functools import cached_property
 from pathlib import Path
 
 import pytest
@@ -32,6 +34,7 @@ import torch
 from fa2_adapters.harness import kernel_cache, shared_probe
 from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
+from fa2_adapters.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from tests.grading import record_store, shards
@@ -165,6 +168,32 @@ class Grading:
             return None
         return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % torch.cuda.device_count()
 
+    @cached_property
+    def gpu_ledger(self):
+        """The ledger of this worker's GPU (fa2_adapters/harness/gpu_ledger.py), shared with the
+        workers and runners on it; None without a GPU. Made on first use: the controller never
+        needs it, and reading the device's size creates a CUDA context."""
+        if not self.on_gpu:
+            return None
+        gpu = self.worker_gpu() or 0
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        on_this_gpu = -(-workers // torch.cuda.device_count())
+        return GpuLedger(ledger_path(gpu), capacity_bytes(torch.cuda.get_device_properties(gpu).total_memory,
+                                                          on_this_gpu))
+
+    @contextmanager
+    def gpu_work(self, nbytes: int, what: str):
+        """The worker's own GPU work (an oracle) under a reservation of `nbytes`; its cached memory
+        goes back to the GPU after. On a CPU, nothing."""
+        if self.gpu_ledger is None:
+            yield
+            return
+        with self.gpu_ledger.reserve(nbytes, f"worker {os.environ.get('PYTEST_XDIST_WORKER', '')}: {what}"):
+            try:
+                yield
+            finally:
+                torch.cuda.empty_cache()
+
     def kept_kernels(self, root, shard: str):
         """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,
         where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
@@ -176,7 +205,8 @@ class Grading:
         if group not in self._runners:
             self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, self.shard))
+                                                    kept_kernels=self.kept_kernels(submission.root, self.shard),
+                                                    gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
     def fail_if_stub(self, check, submission, function: str):

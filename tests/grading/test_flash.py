@@ -3,6 +3,7 @@
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
 """
+from contextlib import nullcontext
 from functools import partial
 
 import pytest
@@ -11,7 +12,16 @@ import torch
 from fa2_adapters.wire.cases import FLASH_SLOTS
 from reference.tolerance import course_close, judge_attention
 from tests.grading import diagnose
-from tests.grading.flash_checks import SLOTS, expected, expected_tf32, flash_timeout, mistaken, run_case, settle
+from tests.grading.flash_checks import (
+    SLOTS,
+    expected,
+    expected_tf32,
+    flash_timeout,
+    mistaken,
+    oracle_bytes,
+    run_case,
+    settle,
+)
 from tests.grading.matrix import COURSE_CASE, flash_cases, slot_device
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -36,6 +46,11 @@ def stored_as(baseline: dict, got: dict) -> dict:
 def judge(check, grading, slot, tier, case, tensors, names):
     """Pass or fail `names` of `tensors` against the float64 oracle, by the rule of the tier."""
     device = slot_device(slot, grading.on_gpu)
+    with grading.gpu_work(oracle_bytes(case), f"the oracle of {case.id}") if device == "cuda" else nullcontext():
+        judge_on(check, grading, slot, tier, case, tensors, names, device)
+
+
+def judge_on(check, grading, slot, tier, case, tensors, names, device):
     (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, device)
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")

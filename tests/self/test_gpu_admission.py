@@ -1,0 +1,89 @@
+"""A runner call on a shared GPU (client.py call_on_gpu, serve.py out_of_memory), with a fake budget:
+an out-of-memory error is charged to the student only when the call's own budget ran out."""
+import pytest
+
+from fa2_adapters.harness.client import GpuCrowded, Reply, SubmissionRunner, call_on_gpu
+from fa2_adapters.harness.gpu_ledger import GpuLedger
+from fa2_adapters.runner.serve import out_of_memory
+from fa2_adapters.wire.cases import FlashCase
+
+# The caching allocator's message, as torch words it (c10/cuda/CUDACachingAllocator.cpp).
+REFUSED_AT_BUDGET = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                     "which 50.12 GiB is free. Including non-PyTorch memory, this process has 3.10 GiB memory in "
+                     "use. 4.91 GiB allowed; Of the allocated memory 2.50 GiB is allocated by PyTorch, and 100.00 MiB "
+                     "is reserved by PyTorch but unallocated.")
+REFUSED_DEVICE_FULL = ("CUDA out of memory. Tried to allocate 2.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
+                       "which 1.06 GiB is free. Including non-PyTorch memory, this process has 1.20 GiB memory in "
+                       "use. 19.00 GiB allowed; Of the allocated memory 512.00 MiB is allocated by PyTorch.")
+
+
+class OutOfMemory(RuntimeError):
+    pass
+
+
+@pytest.mark.parametrize("message, why", [
+    (REFUSED_AT_BUDGET, "gpu_budget"),  # 3.1 + 4 GiB passes the 4.91 allowed, with 50 GiB free
+    (REFUSED_DEVICE_FULL, "gpu_full"),  # 1.2 + 2 GiB is well within 19 allowed; 1.06 GiB free
+    (REFUSED_DEVICE_FULL.replace("1.06 GiB is free", "3.00 GiB is free"), "gpu_budget"),  # the room was there
+    ("CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA`", "gpu_full"),  # cuBLAS, a launch: the device's
+    ("std::bad_alloc: Cannot allocate memory", "host"),
+    ("index 3 is out of bounds", None),
+])
+def test_an_allocation_failure_says_whose_it_was(message, why):
+    assert out_of_memory(OutOfMemory(message)) == why
+
+
+class FakeCall:
+    """A runner call that answers from a list, noting whether the ledger held the GPU alone then."""
+
+    def __init__(self, ledger, replies):
+        self.ledger, self.replies, self.seen = ledger, list(replies), []
+
+    def __call__(self, request):
+        holders = self.ledger.holders().values()
+        self.seen.append(("alone" if any(h["exclusive"] for h in holders) else "shared", request["gpu_budget"]))
+        return self.replies.pop(0)
+
+
+def oom(why):
+    return Reply("crash", f"ran out of GPU memory during backward: OutOfMemoryError: {why}", oom=why)
+
+
+@pytest.fixture
+def ledger(tmp_path):
+    return GpuLedger(tmp_path / "gpu-all-0.json", 10 << 30)
+
+
+def test_a_call_runs_with_its_budget_reserved(ledger):
+    call = FakeCall(ledger, [Reply("ok")])
+    assert call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print).ok
+    assert call.seen == [("shared", 3 << 30)]
+    assert ledger.holders() == {}
+
+
+def test_the_students_own_budget_running_out_is_their_crash(ledger):
+    call = FakeCall(ledger, [oom("gpu_budget")])
+    reply = call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print)
+    assert reply.status == "crash" and len(call.seen) == 1
+
+
+def test_a_full_device_is_never_the_students_crash_the_call_runs_again_alone(ledger):
+    notes = []
+    call = FakeCall(ledger, [oom("gpu_full"), Reply("ok")])
+    assert call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", notes.append).ok
+    assert call.seen == [("shared", 3 << 30), ("alone", 3 << 30)]
+    assert any("running the call again with the GPU to itself" in n for n in notes)
+
+
+def test_a_device_full_even_alone_is_the_graders_fault(ledger):
+    call = FakeCall(ledger, [oom("gpu_full"), oom("gpu_full")])
+    with pytest.raises(GpuCrowded, match="even with no other check on it"):
+        call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print)
+    assert ledger.holders() == {}
+
+
+def test_only_flash_calls_on_cuda_have_a_budget():
+    case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096).to_json()
+    assert SubmissionRunner.gpu_budget({"op": "time_flash", "device": "cuda", "case": case}) == 19 << 30
+    assert SubmissionRunner.gpu_budget({"op": "flash", "device": "cpu", "case": case}) is None
+    assert SubmissionRunner.gpu_budget({"op": "distributed", "device": "cuda"}) is None

@@ -1,0 +1,120 @@
+"""fa2_adapters/harness/gpu_ledger.py: admission to a shared GPU, with a fake capacity.
+
+Each "process" here is a thread with a GpuLedger of its own on one ledger file, as each worker has
+its own; the file's flock is taken per open, so threads contend for it as processes do."""
+import json
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from fa2_adapters.harness.gpu_ledger import GIB, GpuLedger, capacity_bytes
+
+HOLD_S = 0.6
+
+
+@pytest.fixture
+def path(tmp_path):
+    return tmp_path / "gpu-all-0.json"
+
+
+def hold_in_thread(ledger_path, log, name, nbytes=None, exclusive=False, seconds=HOLD_S, capacity=10):
+    """Start a thread that takes the GPU (a reservation of `nbytes`, or a window) for `seconds`,
+    logging (name, 'in'/'out', time). Returns the thread once it has queued."""
+    ledger = GpuLedger(ledger_path, capacity)
+
+    def run():
+        with (ledger.exclusive(name) if exclusive else ledger.reserve(nbytes, name)):
+            log.append((name, "in", time.monotonic()))
+            time.sleep(seconds)
+            log.append((name, "out", time.monotonic()))
+
+    thread = threading.Thread(target=run)
+    thread.start()
+    deadline = time.monotonic() + 5
+    while time.monotonic() < deadline:  # queued or holding: in the ledger's file
+        state = json.loads(ledger_path.read_text() or "{}") if ledger_path.exists() else {}
+        entries = list(state.get("holders", {}).values()) + list(state.get("waiting", {}).values())
+        if any(entry["what"] == name for entry in entries):
+            return thread
+        time.sleep(0.01)
+    raise AssertionError(f"{name} never reached the ledger")
+
+
+def at(log, name, event):
+    return next(t for n, e, t in log if n == name and e == event)
+
+
+def test_reservations_that_fit_run_together_and_one_that_does_not_waits(path):
+    log = []
+    first = hold_in_thread(path, log, "first", 4)
+    second = hold_in_thread(path, log, "second", 4)  # 8 of 10: fits beside the first
+    third = hold_in_thread(path, log, "third", 6)  # 14 of 10: waits for room
+    for thread in (first, second, third):
+        thread.join()
+    assert at(log, "second", "in") < at(log, "first", "out")
+    assert at(log, "third", "in") >= min(at(log, "first", "out"), at(log, "second", "out"))
+
+
+def test_a_timing_window_waits_for_the_holders_and_holds_the_gpu_alone(path):
+    log = []
+    holder = hold_in_thread(path, log, "holder", 2)
+    window = hold_in_thread(path, log, "window", exclusive=True)
+    later = hold_in_thread(path, log, "later", 1)  # queued after the window: it may not pass it
+    for thread in (holder, window, later):
+        thread.join()
+    assert at(log, "window", "in") >= at(log, "holder", "out")
+    assert at(log, "later", "in") >= at(log, "window", "out")
+
+
+def test_a_large_reservation_is_not_starved_by_small_ones(path):
+    log = []
+    small = hold_in_thread(path, log, "small-0", 3)
+    large = hold_in_thread(path, log, "large", 9)
+    # queued after the large one, and each fits beside the first small one: they must wait
+    others = [hold_in_thread(path, log, f"small-{i}", 3) for i in range(1, 4)]
+    for thread in (small, large, *others):
+        thread.join()
+    for i in range(1, 4):
+        assert at(log, f"small-{i}", "in") >= at(log, "large", "out")
+
+
+def test_a_reservation_larger_than_the_gpu_runs_alone(path):
+    log = []
+    small = hold_in_thread(path, log, "small", 1)
+    huge = hold_in_thread(path, log, "huge", 50)
+    small.join()
+    huge.join()
+    assert at(log, "huge", "in") >= at(log, "small", "out")
+
+
+def test_a_window_lets_its_own_calls_in(path):
+    ledger = GpuLedger(path, 10)
+    with ledger.exclusive("timing"):
+        started = time.monotonic()
+        with ledger.reserve(8, "the timed call"):  # would wait forever behind the window otherwise
+            with ledger.exclusive("nested"):
+                pass
+        assert time.monotonic() - started < 1
+    assert ledger.holders() == {}
+
+
+def test_a_dead_process_holds_nothing(path):
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    path.write_text(json.dumps({"holders": {"gone": {"pid": dead.pid, "bytes": 10, "exclusive": True, "what": "x",
+                                                      "since": 0}},
+                                "waiting": {"gone2": {"pid": dead.pid, "bytes": 10, "exclusive": True, "what": "y",
+                                                      "since": 0}}}))
+    ledger = GpuLedger(path, 10)
+    started = time.monotonic()
+    with ledger.reserve(10, "after a killed worker"):
+        assert time.monotonic() - started < 1
+
+
+def test_capacity_leaves_room_for_the_processes_and_never_drops_below_a_quarter():
+    assert capacity_bytes(80 * GIB, 1) == int(0.9 * 80 * GIB) - 3 * GIB // 2
+    assert capacity_bytes(80 * GIB, 16) == int(0.9 * 80 * GIB) - 24 * GIB
+    assert capacity_bytes(80 * GIB, 64) == 20 * GIB
