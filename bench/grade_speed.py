@@ -158,8 +158,12 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
                      (r.get("output") or "")]
     grader_errors = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
                      f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == "grader_error"]
+    import_errors = {}  # submission -> why its adapters did not import: the first such record's
+    for r in records:
+        if r.get("outcome") == "import_error":
+            import_errors.setdefault(r.get("submission", "?"), (r.get("output") or "")[:300])
     return {"checks": len(records), "outcomes": dict(outcomes), "clock": "wall" if sequential else "runner",
-            "out_of_memory": out_of_memory, "grader_errors": grader_errors,
+            "out_of_memory": out_of_memory, "grader_errors": grader_errors, "import_errors": import_errors,
             "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "by_submission": {k: round(v, 1) for k, v in sorted(by_submission.items(), key=lambda kv: -kv[1])}}
 
@@ -292,6 +296,8 @@ def print_table(runs: list) -> None:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
         for kind, (seconds, count) in list(r["by_kind"].items())[:12]:
             print(f"  {seconds:8.1f}  {count:4d}  {kind}")
+        for name, why in r.get("import_errors", {}).items():
+            print(f"  not imported: {name}: {why}")
         print(f"{r['scenario']}: slowest submissions, seconds ({r['clock']} clock)")
         for name, seconds in list(r["by_submission"].items())[:8]:
             print(f"  {seconds:8.1f}  {name}")
