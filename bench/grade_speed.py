@@ -56,8 +56,10 @@ def fresh_caches(out: Path) -> dict:
     compare from the same cold start, whatever ran on the machine before."""
     caches = out / "caches"
     shutil.rmtree(caches, ignore_errors=True)
-    names = {"GRADER_CACHE_DIR": "grader", "TRITON_CACHE_DIR": "triton", "TORCHINDUCTOR_CACHE_DIR": "inductor",
-             "XDG_CACHE_HOME": "xdg"}
+    # Not TORCHINDUCTOR_CACHE_DIR: runners keep that variable (scratch.py ENV_KEEP) but cannot reach
+    # a folder of the grader's, so torch.compile failed in them (the corpus run of 2026-11-26); a
+    # runner's inductor cache is in its own scratch folder, new every run.
+    names = {"GRADER_CACHE_DIR": "grader", "TRITON_CACHE_DIR": "triton", "XDG_CACHE_HOME": "xdg"}
     return {variable: str(caches / name) for variable, name in names.items()}
 
 
