@@ -26,7 +26,9 @@ from dataclasses import dataclass, field, fields
 GRADER_ERROR = "grader_error"
 # The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum, scores
 # nothing yet, and makes the total provisional until the check is graded where it can run. A
-# "skipped" check, by contrast, does not apply to the submission (an adapter of the other template).
+# "skipped" check, by contrast, does not apply to the submission (an adapter of the other template), or
+# could not be measured on it (its output says "could not be measured: ..."; tests/grading/plugin.py
+# Check.not_measured): 0 of 0 either way, never a failure.
 NOT_GRADED_HERE = "not_graded_here"
 # Outcomes that are neither passed nor failed: Gradescope shows them with no status, by score.
 UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)

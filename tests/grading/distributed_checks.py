@@ -141,6 +141,21 @@ def judge_buffers(want: dict, got: list, later: list, own: list):
     return None, f"every rank holds rank 0's {which} across ranks at construction, {when}", evidence
 
 
+def state_unmeasured(ranks: list):
+    """Why the ranks' optimizer state cannot be counted (a sentence), or None. The count reads the
+    .state of the returned optimizer and of torch.optim.Optimizer objects held in its attributes;
+    state kept anywhere else (a subclass that never calls Optimizer.__init__ and keeps its own
+    dicts, say) is invisible to it, which says nothing about the submission."""
+    for r, s in enumerate(ranks):
+        if s.get("state_unread"):
+            return f"rank {r}: {s['state_unread']}"
+    if all(not s.get("state_numel") for s in ranks):
+        return ("no rank's optimizer state was found: the check counts the .state of the returned optimizer "
+                "and of the torch.optim.Optimizer objects its attributes hold, and this optimizer keeps its "
+                "state elsewhere")
+    return None
+
+
 def balanced_bound(total: int, largest: int, world_size: int) -> int:
     """State elements a rank may hold when parameters are shared out by size: 1/world_size of
     the total, plus the largest parameter's state (a parameter is not split), plus slack."""
@@ -157,9 +172,6 @@ def judge_state_sharded(count: int, total: int, largest: int, params: list, held
     evidence = (f"parameters with optimizer state per rank: {params} of {count} (about 1/{world_size} by count: "
                 f"at most {allowed}); optimizer-state elements per rank: {held} of {total} (about 1/{world_size} "
                 f"by size: at most {bound})")
-    if all(h == 0 for h in held):
-        return ("no optimizer state was found on any rank: the check counts the .state of the returned "
-                "optimizer and of torch.optim.Optimizer objects held in its attributes."), evidence
     if all(h >= total for h in held):
         return (f"every rank holds the full optimizer state ({held[0]} elements of {total}): state is not "
                 f"sharded."), evidence
@@ -180,9 +192,6 @@ def judge_state_balanced(count: int, total: int, largest: int, params: list, hel
     bound = balanced_bound(total, largest, len(held))
     evidence = (f"optimizer-state elements per rank: {held}; unsharded AdamW holds {total}, largest parameter's "
                 f"share {largest}, allowed per rank {bound}; parameters with state per rank: {params} of {count}")
-    if all(h == 0 for h in held):
-        return "no optimizer state was found on any rank, so its balance cannot be judged (see state_sharded).", \
-            evidence
     if all(h >= total for h in held):
         return "every rank holds the full optimizer state: there is no split to balance (see state_sharded).", \
             evidence
@@ -192,4 +201,43 @@ def judge_state_balanced(count: int, total: int, largest: int, params: list, hel
                 f"optimizer-state elements, more than the {bound} a balanced split allows (1/{len(held)} plus "
                 f"the largest parameter's state); the handout asks only for about 1/world_size of the "
                 f"parameters, so this is advice."), evidence
+    return None, evidence
+
+
+def greedy_buckets(sizes: list, limit: float) -> int:
+    """How many buckets the reference (reference/ddp.py DDPBucketed) makes of parameters of
+    `sizes` bytes (in parameters() order) with at most `limit` bytes each: filled in reverse
+    order, a new bucket when the next one would overflow, one too large alone."""
+    buckets, current = 0, None
+    for size in reversed(sizes):
+        if current is None or current + size > limit:
+            buckets, current = buckets + 1, 0
+        current += size
+    return buckets
+
+
+def judge_bucketing(sizes: list, limit: float, calls: list):
+    """(failure sentence or None, evidence) for ddp::bucketing. sizes: bytes of each parameter
+    that gets a gradient; limit: bucket_size_mb in bytes; calls: per rank, per step, the element
+    counts of the reducing collectives issued. The handout (2025, ddp_overlap_bucketed) asks for
+    buckets of at most bucket_size_mb "to reduce the total number of communication calls": a
+    step with at least one call per parameter, where the bucket size lets several share one,
+    never bucketed. How parameters are grouped is the student's choice, so only that is judged."""
+    n, expected = len(sizes), greedy_buckets(sizes, limit)
+    evidence = "; ".join(f"rank {r}: " + ", ".join(f"step {s + 1}: {len(c)} ({'+'.join(map(str, c))} elements)"
+                                                  for s, c in enumerate(steps)) for r, steps in enumerate(calls))
+    evidence = (f"{n} parameters get gradients ({sum(sizes)} bytes; bucket_size_mb = {limit / 1024 ** 2:g} MB = "
+                f"{limit:.0f} bytes; the reference fills {expected} buckets); reducing collectives per step: "
+                f"{evidence}")
+    if expected >= n:
+        return None, evidence  # every parameter needs a bucket of its own at this size: nothing to judge
+    for r, steps in enumerate(calls):
+        for s, c in enumerate(steps):
+            if len(c) >= n:
+                return (f"gradients are not bucketed: on rank {r}, step {s + 1} issued {len(c)} reducing "
+                        f"collectives for the {n} parameters that get gradients, one per parameter, although "
+                        f"buckets of {limit / 1024 ** 2:g} MB hold several of them (the reference needs {expected}). "
+                        f"Fill each bucket up to bucket_size_mb megabytes of parameters (a common cause: a count of "
+                        f"bytes compared with bucket_size_mb itself rather than with bucket_size_mb * 1024 ** 2)."), \
+                    evidence
     return None, evidence

@@ -86,6 +86,13 @@ class Check:
         self.update(outcome="skipped", output=f"skipped: {reason}")
         pytest.skip(reason)
 
+    def not_measured(self, reason: str):
+        """What the check measures cannot be read from this submission's structure (an optimizer
+        with no .state, a wrapper with no buffers to read): neither passed nor failed, 0 of 0,
+        like a skipped check, so it can never cost the submission a requirement."""
+        self.update(outcome="skipped", output=f"could not be measured: {reason}")
+        pytest.skip(f"could not be measured: {reason}")
+
     def not_here(self, reason: str):
         """The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum
         and scores nothing until graded where it can run, so the total is provisional."""

@@ -269,7 +269,8 @@ class Rubric:
     def summary(self) -> str:
         """The totals in one line (what `pytest -q` prints)."""
         return (f"rubric {self.path}: {self.total():g} points in {len(self.groups)} groups "
-                f"({self.total() - self.part_total('fsdp'):g} for a 2025-template submission, which has no FSDP part)")
+                f"({self.total() - self.part_total('fsdp'):g} for a 2025-template submission, which has no FSDP part; "
+                f"{self.total() - self.points('ddp.bucketing'):g} for a 2026-template one, which has no bucketed DDP)")
 
     def point_table(self) -> str:
         """Every group under its part's label, with its points, its visibility unless visible and its
@@ -289,4 +290,7 @@ class Rubric:
         lines.append(f"Total: {self.total():g} points in {len(self.groups)} groups.")
         lines.append(f"A 2025-template submission (no get_fsdp in its adapters) has no FSDP part: it is graded "
                      f"out of {self.total() - fsdp:g} ({self.total():g} - {fsdp:g} FSDP points).")
+        if bucketing := self.points("ddp.bucketing"):
+            lines.append(f"A 2026-template submission (no get_ddp_bucketed) has no ddp.bucketing check: it is graded "
+                         f"out of {self.total() - bucketing:g} ({self.total():g} - {bucketing:g}).")
         return "\n".join(lines)

@@ -8,19 +8,27 @@ Spawning ranks costs a few seconds, so each flavour spawns once (module-scoped f
 runs all its scenarios; the test functions only compare the returned snapshots.
 
 At the end, the grader's judgments of what the handout asks and what is advice beyond it
-(ddp::buffers, sharded_optimizer::state_sharded and state_balanced) on hand-made evidence.
+(ddp::buffers, ddp::bucketing, sharded_optimizer::state_sharded and state_balanced) on hand-made
+evidence, and the probes the ranks run on structures the official tests never touch.
 """
 import pytest
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fa2_adapters.runner.distributed_ops import state_held
+from fa2_adapters.runner.distributed_ops import on_device_of, read_buffers, state_held
 from fa2_adapters.runner.ranks import run_on_ranks
 from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
 from reference import ddp
 from reference.sharded_optimizer import ShardedOptimizer, state_numel
-from tests.grading.distributed_checks import judge_buffers, judge_state_balanced, judge_state_sharded
+from tests.grading.distributed_checks import (
+    greedy_buckets,
+    judge_bucketing,
+    judge_buffers,
+    judge_state_balanced,
+    judge_state_sharded,
+    state_unmeasured,
+)
 
 WORLD_SIZE = 2
 SEED = 0
@@ -190,6 +198,8 @@ def test_ddp_bucketing(ddp_run):
         # Every trainable parameter in exactly one bucket: tied weight once, frozen one never.
         trainable = [p for p in DDP_MODELS[name]().parameters() if p.requires_grad]
         assert sum(lengths) == len(trainable), (name, bucket_mb, lengths)
+        limit = float("inf") if bucket_mb is None else bucket_mb * 1024 ** 2
+        assert len(lengths) == greedy_buckets([p.numel() * p.element_size() for p in trainable], limit)
         if bucket_mb is None:
             assert lengths == [len(trainable)]
         elif bucket_mb == 1e-6:
@@ -369,3 +379,116 @@ def test_judge_state_sharded_and_balanced(how):
         assert "no split to balance" in balanced
     else:
         assert "rank 1 holds no optimizer state" in sharded
+
+
+# ---------------------------------------------------------------------------------------------
+# Bucketing, and the probes of what the official tests never read (guarded: advice only).
+# ---------------------------------------------------------------------------------------------
+
+def _trainable_bytes(cls):
+    return [p.numel() * p.element_size() for p in cls().parameters() if p.requires_grad]
+
+
+def test_greedy_buckets_counts_the_reference_buckets():
+    """greedy_buckets counts what reference/ddp.py DDPBucketed builds; the ranks above record its
+    bucket lists for the same models and sizes (test_ddp_bucketing)."""
+    counts = {ToyModel: {None: 1, 0.001: 4, 1e-6: 5}, ToyModelWithTiedWeights: {None: 1, 0.001: 6, 1e-6: 7}}
+    for cls, by_size in counts.items():
+        for mb, want in by_size.items():
+            limit = float("inf") if mb is None else mb * 1024 ** 2
+            assert greedy_buckets(_trainable_bytes(cls), limit) == want, (cls.__name__, mb)
+    # the grader's bucket size: several parameters share a bucket, whichever megabyte is meant
+    for cls in (ToyModel, ToyModelWithTiedWeights):
+        sizes = _trainable_bytes(cls)
+        assert greedy_buckets(sizes, 0.0025 * 1024 ** 2) <= 3 < len(sizes)
+        assert greedy_buckets(sizes, 0.0025 * 10 ** 6) <= 3
+        assert greedy_buckets(list(reversed(sizes)), 0.0025 * 10 ** 6) <= 3  # filled in forward order
+
+
+def test_judge_bucketing():
+    sizes, limit = _trainable_bytes(ToyModel), 0.0025 * 1024 ** 2  # 5 parameters, 2 reference buckets
+    numels = [s // 4 for s in sizes]
+    alone = [[list(reversed(numels))] * 3 for _ in range(WORLD_SIZE)]  # one collective per parameter
+    sentence, evidence = judge_bucketing(sizes, limit, alone)
+    assert sentence.startswith("gradients are not bucketed: on rank 0, step 1 issued 5 reducing collectives for "
+                               "the 5 parameters")
+    assert "the reference needs 2" in sentence and "5 parameters get gradients" in evidence
+    bucketed = [[[numels[4] + numels[3] + numels[2], numels[1] + numels[0]]] * 3 for _ in range(WORLD_SIZE)]
+    assert judge_bucketing(sizes, limit, bucketed)[0] is None
+    one_flat = [[[sum(numels)]] * 3 for _ in range(WORLD_SIZE)]  # grouped otherwise: the student's choice
+    assert judge_bucketing(sizes, limit, one_flat)[0] is None
+    # a bucket size no two parameters fit in: one per parameter is right, nothing to judge
+    assert judge_bucketing(sizes, 1.0, alone)[0] is None
+
+
+class _NoSuperInit(torch.optim.Optimizer):
+    """A sharded optimizer that never calls Optimizer.__init__: no .state of its own."""
+
+    def __init__(self, params, keep_inner=True):
+        inner = torch.optim.AdamW(params)
+        if keep_inner:
+            self.inner = inner
+        else:  # its state out of the count's reach: only a closure holds the inner optimizer
+            self.step = lambda closure=None: inner.step(closure)
+
+
+def test_state_held_reads_past_an_optimizer_without_state():
+    p = torch.nn.Parameter(torch.ones(3))
+    optimizer = _NoSuperInit([p])
+    p.grad = torch.ones(3)
+    optimizer.inner.step()
+    assert state_held(optimizer) == (7, 1)  # exp_avg, exp_avg_sq and step, of one parameter
+
+
+def test_state_unmeasured():
+    assert state_unmeasured([{"state_numel": 7}, {"state_numel": 0}]) is None
+    assert "keeps its state elsewhere" in state_unmeasured([{"state_numel": 0}, {"state_numel": 0}])
+    raised = state_unmeasured([{"state_numel": 7}, {"state_unread": "reading the optimizer's state raised X"}])
+    assert raised == "rank 1: reading the optimizer's state raised X"
+    p = torch.nn.Parameter(torch.ones(3))
+    hidden = _NoSuperInit([p], keep_inner=False)
+    p.grad = torch.ones(3)
+    hidden.step()
+    numel, held = state_held(hidden)
+    assert (numel, held) == (0, 0)
+    assert state_unmeasured([{"state_numel": numel, "state_params": held}] * 2) is not None
+
+
+class _PlainWrapper:
+    """A DDP wrapper that is no nn.Module: the official tests read only these attributes."""
+
+    def __init__(self, module, expose_module=True):
+        if expose_module:
+            self.module = module
+        self._module = module
+
+    def __call__(self, x):
+        return self._module(x)
+
+    def parameters(self):
+        return self._module.parameters()
+
+    def named_parameters(self):
+        return self._module.named_parameters()
+
+
+def test_read_buffers_of_a_plain_class_wrapper():
+    model = BufferedModel()
+    bare = dict(model.named_buffers())
+    result = {}
+    read_buffers(_PlainWrapper(model), bare, result, "buffers")  # through .module
+    assert set(result) == {"buffers"} and torch.equal(result["buffers"]["input_shift"], model.input_shift)
+    result = {}
+    read_buffers(_PlainWrapper(model, expose_module=False), bare, result, "buffers")
+    assert "buffers" not in result
+    assert result["buffers_unread"] == "the wrapper (_PlainWrapper) has no named_buffers() and no .module that has"
+    read_buffers(model, bare, result, "buffers1")  # once unread, the later probe keeps the first reason
+    assert "buffers1" not in result
+
+
+def test_data_go_to_the_device_of_the_parameters():
+    """An FSDP wrapper may move the module to CUDA; the meta device stands in for it here."""
+    x, y = torch.zeros(2, 3, dtype=torch.long), torch.zeros(2, dtype=torch.long)
+    moved = torch.nn.Linear(3, 3).to("meta")
+    assert all(t.device.type == "meta" for t in on_device_of(list(moved.parameters()), x, y))
+    assert on_device_of([], x, y) == (x, y)

@@ -99,6 +99,9 @@ def test_the_point_table_lists_every_group_and_the_total():
     assert fsdp > 0
     assert f"Total: {rubric.total():g} points in {len(rubric.groups)} groups." in table
     assert f"graded out of {rubric.total() - fsdp:g} ({rubric.total():g} - {fsdp:g} FSDP points)" in table
+    bucketing = rubric.points("ddp.bucketing")
+    assert bucketing > 0
+    assert f"graded out of {rubric.total() - bucketing:g} ({rubric.total():g} - {bucketing:g})" in table
 
 
 def test_pytest_stops_on_a_bad_rubric_with_status_4(tmp_path):
