@@ -89,6 +89,27 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
             "utilization": use.summary()}
 
 
+def idle_sdpa_ms(rubric_file: Path) -> dict:
+    """SDPA's forward+backward at each timing budget's case, on the GPU before the run: the idle
+    time every timing row's SDPA peer is held against. {} without a GPU."""
+    import torch
+    import yaml
+    from triton.testing import do_bench
+
+    from fa2_adapters.wire.cases import FlashCase, make_inputs
+    if not torch.cuda.is_available():
+        return {}
+    times = {}
+    for slot, b in yaml.safe_load(rubric_file.read_text())["budgets"].items():
+        case = FlashCase(batch=(b["batch"],), n_queries=b["n"], n_keys=b["n"], head_dim=b["d"], dtype=b["dtype"],
+                         is_causal=b["causal"])
+        q, k, v, do = (t.unsqueeze(0) for t in make_inputs(case, 0, "cuda"))
+        q, k, v = (t.requires_grad_() for t in (q, k, v))
+        times[slot] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
+            q, k, v, is_causal=case.is_causal).backward(do), return_mode="median")
+    return times
+
+
 def runner_starts(reports: Path) -> dict:
     """How many runners started and how long each took to be ready, from the runners' logs
     ("runner ready in X s", fa2_adapters/harness/client.py)."""
@@ -160,12 +181,14 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
                      (r.get("output") or "")]
     grader_errors = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
                      f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == "grader_error"]
+    timing = {f"{r.get('submission')}::{r.get('check')}": r["timing"] for r in records if r.get("timing")}
     import_errors = {}  # submission -> why its adapters did not import: the first such record's
     for r in records:
         if r.get("outcome") == "import_error":
             import_errors.setdefault(r.get("submission", "?"), (r.get("output") or "")[:300])
     return {"checks": len(records), "outcomes": dict(outcomes), "clock": "wall" if sequential else "runner",
             "out_of_memory": out_of_memory, "grader_errors": grader_errors, "import_errors": import_errors,
+            "timing": timing,
             "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "by_submission": {k: round(v, 1) for k, v in sorted(by_submission.items(), key=lambda kv: -kv[1])}}
 
@@ -202,6 +225,9 @@ def main() -> int:
         return 0
     grader = args.grader.resolve()
     env = fresh_caches(args.out) if args.fresh_caches else {}
+    rubric = next(p for p in (grader / "grading" / "rubric.yaml", grader / "tests" / "grading" / "rubric.yaml")
+                  if p.exists())
+    idle = idle_sdpa_ms(rubric)
     if args.what == "single":
         if args.cold:
             shutil.rmtree(triton_cache_dir(), ignore_errors=True)
@@ -219,6 +245,7 @@ def main() -> int:
         result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}"
     if args.fresh_caches:
         result["scenario"] = result["scenario"].removesuffix(" warm") + " fresh caches"
+    result["idle_sdpa_ms"] = idle
     result["label"] = args.label or grader.name
     result["gpus"] = gpu_names()
     (args.out / "speed.json").write_text(json.dumps(result, indent=1))
@@ -294,6 +321,7 @@ def print_table(runs: list) -> None:
                   f"at {workers[last]['last']} s, ran (group: first start, last stop, busy s):")
             for group, span in workers[last]["groups"].items():
                 print(f"    {group}: {span}")
+    print_timing(results)
     for r in results:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
         for kind, (seconds, count) in list(r["by_kind"].items())[:12]:
@@ -303,6 +331,28 @@ def print_table(runs: list) -> None:
         print(f"{r['scenario']}: slowest submissions, seconds ({r['clock']} clock)")
         for name, seconds in list(r["by_submission"].items())[:8]:
             print(f"  {seconds:8.1f}  {name}")
+
+
+def print_timing(results: list) -> None:
+    """Each timing row's ratio to the reference in every run (how far runs agree), and its SDPA
+    peer's time over SDPA's on the idle GPU before the run (how much the neighbours weighed)."""
+    rows = sorted({name for r in results for name in r.get("timing", {})})
+    if not rows:
+        return
+    print("\n| timing check | " + " | ".join(f"ratio ({r['label']})" for r in results) + " | ratio spread | " +
+          " | ".join(f"SDPA / idle ({r['label']})" for r in results) + " |")
+    print("|---" * (2 + 2 * len(results)) + "|")
+    for name in rows:
+        ratios = [r.get("timing", {}).get(name, {}).get("ratio") for r in results]
+        known = [x for x in ratios if x]
+        spread = f"{max(known) / min(known) - 1:.0%}" if len(known) > 1 else "-"
+        slot = name.rsplit("::", 1)[-1]
+        peers = []
+        for r in results:
+            sdpa, idle = r.get("timing", {}).get(name, {}).get("sdpa_ms"), (r.get("idle_sdpa_ms") or {}).get(slot)
+            peers.append(f"{sdpa / idle:.2f}" if sdpa and idle else "-")
+        cells = " | ".join(f"{x:.2f}" if x else "-" for x in ratios)
+        print(f"| {name} | {cells} | {spread} | " + " | ".join(peers) + " |")
 
 
 if __name__ == "__main__":
