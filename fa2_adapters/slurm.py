@@ -134,9 +134,9 @@ def task_states(job: str) -> dict:
 
 def finish(args) -> int:
     """Mark the submissions of every task that did not complete, then build the pages once."""
+    from grading import record_store
+    from grading.rubric import Rubric
     from reporting.build import build_reports
-    from tests.grading import record_store
-    from tests.grading.rubric import Rubric
 
     reports = Path(args.reports).resolve()
     state = json.loads((reports / ".slurm" / "job.json").read_text())

@@ -18,8 +18,8 @@ import torch
 from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
+from grading.checks.flash_checks import medians_ms
 from reference.tolerance import judge_attention
-from tests.grading.flash_checks import medians_ms
 
 JUDGED_BATCH = 2
 

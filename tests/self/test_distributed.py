@@ -18,9 +18,9 @@ import torch.nn.functional as F
 from fa2_adapters.runner.distributed_ops import state_held
 from fa2_adapters.runner.ranks import run_on_ranks
 from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from grading.checks.distributed_checks import judge_buffers, judge_state_balanced, judge_state_sharded
 from reference import ddp
 from reference.sharded_optimizer import ShardedOptimizer, state_numel
-from tests.grading.distributed_checks import judge_buffers, judge_state_balanced, judge_state_sharded
 
 WORLD_SIZE = 2
 SEED = 0
