@@ -98,6 +98,7 @@ def restart_with_own_settings(early_config, settings: Path):
           f"with the grader's own settings, {settings}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
     rootdir = GRADER_ROOT if in_checkout() else early_config.invocation_params.dir
-    argv = [sys.executable, "-m", "pytest", "-c", str(settings), "--rootdir", str(rootdir),
+    safe_path = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # python -P: keep the cwd off sys.path
+    argv = [sys.executable, *safe_path, "-m", "pytest", "-c", str(settings), "--rootdir", str(rootdir),
             *early_config.invocation_params.args]
     os.execve(sys.executable, argv, {**os.environ, RESTARTED: "1"})
