@@ -20,6 +20,8 @@ temporary file that then replaces it, so a reader never sees half of one):
                              log tail) as they arrive from workers on the test reports.
   <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
                              per test module, as the sessions collected them (update_collected).
+                             A check is named by its module and test, "grading.checks.test_flash::
+                             test_forward[...]" (plugin.check_id), the same from any rootdir.
   <sub>/results.json         the controller (assemble), when a submission's last check of the
                              session finishes and again at session end; its parts in the
                              rubric's order (the pages show them in that order).
@@ -204,7 +206,7 @@ def current_records(folder: Path, expected=None, modules=None) -> list:
 
 
 def _function(nodeid: str) -> str:
-    """"grading/checks/test_flash.py::test_forward[alice-...]" -> "grading/checks/test_flash.py::test_forward"."""
+    """"grading.checks.test_flash::test_forward[alice-...]" -> "grading.checks.test_flash::test_forward"."""
     return nodeid.split("[", 1)[0]
 
 

@@ -307,7 +307,7 @@ def record(name, outcome="passed", nodeid=None, group="flash_pytorch.forward.cou
                        group=group, outcome=outcome, output=outcome, seconds=1.0, nodeid=nodeid, **extra)
 
 
-MOD = "grading/checks/test_flash.py"
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
 
 
 def ids(*cases):
@@ -321,7 +321,7 @@ def test_assemble_counts_only_current_records(tmp_path):
     write(record("flash_pytorch::forward[b]", nodeid=f"{MOD}::test_forward[alice-pytorch-b]"))
     write(record("flash_pytorch::forward[old]", "failed", nodeid=f"{MOD}::test_forward[alice-pytorch-old]"))
     write(record("flash_pytorch::forward[legacy]", "failed"))  # an older grader's record: no test id
-    write(record("ddp::equivalence[x]", "passed", nodeid="grading/checks/test_distributed.py::test_ddp[alice-x]",
+    write(record("ddp::equivalence[x]", "passed", nodeid="grading.checks.test_distributed::test_ddp[alice-x]",
                  group="ddp.equivalence"))
     (tmp_path / "alice" / "checks" / "garbage.json").write_text('{"name": "alice::x", "outc')  # unreadable
 
@@ -410,7 +410,7 @@ def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
 
 
 def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
-    flash, ddp = "grading/checks/test_flash.py", "grading/checks/test_distributed.py"
+    flash, ddp = "grading.checks.test_flash", "grading.checks.test_distributed"
     record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"],
                                   {flash, ddp})
     # A later session names one flash test by its id: it adds, it does not shrink the module.

@@ -27,7 +27,7 @@ from tests.self.fixtures.make_results import rubric_text
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "self" / "fixtures" / "results"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "results.json").is_file())
-MOD = "grading/checks/test_flash.py"
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
 
 # Gradescope's results.json, as https://gradescope-autograders.readthedocs.io/en/latest/specs/ lists
 # it ("Output format", "Controlling Test Case Visibility", "Test case status", "Output String

@@ -9,7 +9,7 @@ from grading import shards
 
 
 def item(module: str, name: str, **params):
-    return SimpleNamespace(module=SimpleNamespace(__name__=f"grading.{module}"), originalname=name,
+    return SimpleNamespace(module=SimpleNamespace(__name__=f"grading.checks.{module}"), originalname=name,
                            callspec=SimpleNamespace(params={"submission": "alice", **params}))
 
 
