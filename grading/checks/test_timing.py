@@ -68,7 +68,7 @@ def test_budget(grading, submission, check, slot):
     request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
     # Both runners start here, in this thread: a runner dies with the thread that started it
-    # (sandbox.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
+    # (launcher.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
     # student's adapters import.
     student = grading.runner(submission)
     if (failure := student.import_failure()) is not None:
