@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT))
 from fa2_adapters.harness.client import SubmissionRunner  # noqa: E402
 from fa2_adapters.harness.discover import load_submission  # noqa: E402
 from fa2_adapters.wire.cases import FlashCase  # noqa: E402
-from tests.grading.flash_checks import medians_ms  # noqa: E402
-from tests.grading.rubric import Rubric  # noqa: E402
+from grading.checks.flash_checks import medians_ms  # noqa: E402
+from grading.rubric import Rubric  # noqa: E402
 
 
 def main():

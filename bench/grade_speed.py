@@ -16,7 +16,7 @@ carry its wheels (pydantic, pydantic_core, annotated_types, typing_inspection in
 A call returns only a few files from $OUT: tar the runs' speed.json, timeline.json and pytest.log.
 
 `single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
-on a GPU its checks spread over the workers in shards, tests/grading/shards.py);
+on a GPU its checks spread over the workers in shards, grading/shards.py);
 `--cold` first empties the grader's persistent Triton cache, so compiling and autotuning are
 counted. `class` grades the bundled class (the reference and submissions/examples) with
 `-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole

@@ -1,17 +1,23 @@
 """The grader as a pytest plugin: its options, and the grading plugin it registers under --impl.
 
-Installed (`pip install -e .`), this module loads through the `pytest11` entry point before
-pytest reads its arguments, so `pytest --impl /any/absolute/path` parses as an option and not as
-a test path. It is the only place options are added. Its shape is pytest-xdist's: options and
-configure here, the session's hooks in their own class (tests/grading/plugin.py GradingPlugin),
-registered only when there is something to grade, its state in `config.stash`.
+Installed (`pip install .`, or `-e` from a checkout), this module loads through the `pytest11`
+entry point before pytest reads its arguments, so `pytest --impl /any/absolute/path` parses as an
+option and not as a test path. It is the only place options are added. Its shape is
+pytest-xdist's: options and configure here, the session's hooks in their own class
+(grading/plugin.py GradingPlugin) and the checks' fixtures (grading/fixtures.py), registered only
+when there is something to grade, its state in `config.stash`.
+
+The checks (grading/checks) are part of the installed package: a grading run given no test path
+collects them from wherever the package is, whatever folder pytest runs in.
 
 pytest picks its settings file before any plugin's options are known, so in `--impl PATH` (two
 words) it takes PATH for a test path: a course repo ships a pyproject.toml with pytest settings
 of its own, which then become the run's settings (its addopts, its rootdir, its conftest.py
-imported into the grader). The same goes for an existing folder after `--reports`. So before
-any conftest is loaded, a run that would grade under settings other than the grader's starts
-again with the grader's own (`-c` and `--rootdir`), and says so.
+imported into the grader). The same goes for an existing folder after `--reports`, and for the
+folder a grading run starts in. So before any conftest is loaded, a run that would grade under
+settings other than the grader's starts again with the grader's own (`-c`), and says so: a
+checkout's pyproject.toml (rootdir the checkout), or, installed without one, the package's
+grading/pytest.ini (rootdir the folder the run started in, where --lf's cache then lives).
 """
 import os
 import sys
@@ -19,9 +25,22 @@ from pathlib import Path
 
 import pytest
 
-GRADER_ROOT = Path(__file__).resolve().parents[1]
-GRADER_SETTINGS = GRADER_ROOT / "pyproject.toml"
+GRADER_ROOT = Path(__file__).resolve().parents[1]  # a checkout, or site-packages when installed
+CHECKS = GRADER_ROOT / "grading" / "checks"
+PACKAGE_SETTINGS = GRADER_ROOT / "grading" / "pytest.ini"
+CHECKOUT_SETTINGS = GRADER_ROOT / "pyproject.toml"
 RESTARTED = "FA2_GRADER_OWN_SETTINGS"  # set in the restarted run: never restart twice
+
+
+def in_checkout() -> bool:
+    """Whether the grader runs from its source tree (a clone, `pip install -e`), not an install."""
+    return CHECKOUT_SETTINGS.is_file() and (GRADER_ROOT / "tests" / "self").is_dir()
+
+
+def grader_settings() -> Path:
+    return CHECKOUT_SETTINGS if in_checkout() else PACKAGE_SETTINGS
+
+
 def pytest_addoption(parser):
     group = parser.getgroup("grading")
     group.addoption("--impl", action="append", default=[], metavar="PATH",
@@ -29,40 +48,57 @@ def pytest_addoption(parser):
     group.addoption("--seed", type=int, default=None,
                     help="base seed for every input (default: a secret one, drawn when the reports folder is new "
                          "and kept in DIR/.seed, so a regrade repeats it)")
-    group.addoption("--rubric", default=None, metavar="FILE", help="rubric YAML (default tests/grading/rubric.yaml)")
+    group.addoption("--rubric", default=None, metavar="FILE",
+                    help="rubric YAML (default: the grader's own, grading/rubric.yaml)")
     group.addoption("--reports", default="reports", metavar="DIR", help="where results and pages go")
     group.addoption("--student-view", action="store_true", help="leave hidden checks out of the pages")
 
 
 def pytest_configure(config):
     if config.getoption("--impl"):
-        # Imported here, not at the top: tests/ is on sys.path only once pytest has read the
-        # project's `pythonpath` setting, after this module loaded.
-        from tests.grading.plugin import GradingPlugin
+        # Imported here, not at the top: the engine (torch, the harness) is loaded only to grade.
+        from grading import fixtures
+        from grading.plugin import GradingPlugin
 
         config.pluginmanager.register(GradingPlugin(config), "grading")
+        config.pluginmanager.register(fixtures, "grading-fixtures")
 
 
 @pytest.hookimpl(tryfirst=True)
 def pytest_load_initial_conftests(early_config, parser, args):
-    if not early_config.known_args_namespace.impl or not GRADER_SETTINGS.is_file():
+    namespace = early_config.known_args_namespace
+    if not namespace.impl:
         return
-    if early_config.inipath is not None and early_config.inipath.resolve() == GRADER_SETTINGS:
-        return
+    settings = grader_settings()
+    # An xdist worker takes the controller's arguments, settings included: it never starts again.
+    ours = early_config.inipath is not None and early_config.inipath.resolve() == settings
+    if not ours and not os.environ.get("PYTEST_XDIST_WORKER"):
+        restart_with_own_settings(early_config, settings)
+    if not namespace.file_or_dir:
+        # The installed checks, as if given on the command line. pytest finds its first
+        # conftest.py files from the namespace (its own hook runs after this one) and collects
+        # from `args`: both get the path, or a conftest.py of the folder the run started in would load.
+        args.append(str(CHECKS))
+        namespace.file_or_dir = [str(CHECKS)]
+
+
+def restart_with_own_settings(early_config, settings: Path):
+    """Start this run again (exec: never returns) with `-c settings`, or stop if this is already the restart."""
     found = early_config.inipath or "no settings file"
     if os.environ.get(RESTARTED):
+        where = f"Run it from {GRADER_ROOT} and write" if in_checkout() else "Write"
         raise pytest.UsageError(f"pytest read its settings from {found} (rootdir {early_config.rootpath}), not from "
-                                f"the grader's {GRADER_SETTINGS}, even when told to. Run it from {GRADER_ROOT} "
-                                f"and write --impl=PATH and --reports=DIR as one word each.")
+                                f"the grader's {settings}, even when told to. {where} --impl=PATH and "
+                                f"--reports=DIR as one word each.")
     capture = early_config.pluginmanager.getplugin("capturemanager")
     if capture is not None:  # give the restarted run the terminal back, not pytest's capture files
         capture.stop_global_capturing()
-    print(f"[grader] pytest took its settings from {found} (rootdir {early_config.rootpath}): an option's value "
-          f"was read as a test path. Starting again with the grader's own settings, {GRADER_SETTINGS}.",
-          file=sys.stderr, flush=True)
+    print(f"[grader] pytest took its settings from {found} (rootdir {early_config.rootpath}), not the grader's: "
+          f"an option's value was read as a test path, or the folder has settings of its own. Starting again "
+          f"with the grader's own settings, {settings}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
-    argv = [sys.executable, "-m", "pytest", "-c", str(GRADER_SETTINGS), "--rootdir", str(GRADER_ROOT),
+    rootdir = GRADER_ROOT if in_checkout() else early_config.invocation_params.dir
+    safe_path = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # python -P: keep the cwd off sys.path
+    argv = [sys.executable, *safe_path, "-m", "pytest", "-c", str(settings), "--rootdir", str(rootdir),
             *early_config.invocation_params.args]
-    if not early_config.known_args_namespace.file_or_dir:  # pytest reads testpaths only when run from the rootdir
-        argv.append(str(GRADER_ROOT / "tests"))
     os.execve(sys.executable, argv, {**os.environ, RESTARTED: "1"})

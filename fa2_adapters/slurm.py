@@ -30,6 +30,12 @@ from pathlib import Path
 from fa2_adapters.harness.discover import find_submissions
 
 GRADER_ROOT = Path(__file__).resolve().parents[1]
+
+
+def run_folder(reports: Path) -> Path:
+    """Where a job's commands run: the grader's checkout, or, installed without one, the reports
+    folder (the installed plugin collects its own checks from any folder)."""
+    return GRADER_ROOT if (GRADER_ROOT / "pyproject.toml").is_file() else reports
 PYTEST_STATUS_OK = (0, 1)  # 1: some checks failed, which is a grading result, not a failed task
 
 
@@ -46,7 +52,7 @@ def task_script(reports: Path, shares: int, args, extra: list) -> str:
     return "\n".join(
         ["#!/bin/bash"] + [f"#SBATCH {o}" for o in options] + [
             "# One share of the class per array task; the ordinary grader on it.",
-            f"cd {shlex.quote(str(GRADER_ROOT))}",
+            f"cd {shlex.quote(str(run_folder(reports)))}",
             f'mapfile -t share < {shlex.quote(str(slurm))}/share-"$SLURM_ARRAY_TASK_ID".txt',
             'impls=(); for s in "${share[@]}"; do impls+=("--impl=$s"); done',
             f'{shlex.join(pytest)} "${{impls[@]}}"',
@@ -63,7 +69,7 @@ def finish_script(reports: Path, args) -> str:
     finish = [sys.executable, "-m", "fa2_adapters.slurm", "slurm-finish", f"--reports={reports}",
               '--job="$1"'] + ([f"--rubric={args.rubric}"] if args.rubric else [])
     return "\n".join(["#!/bin/bash"] + [f"#SBATCH {o}" for o in options] + [
-        f"cd {shlex.quote(str(GRADER_ROOT))}", " ".join(finish), ""])
+        f"cd {shlex.quote(str(run_folder(reports)))}", " ".join(finish), ""])
 
 
 def sbatch(*argv) -> str:
@@ -134,9 +140,9 @@ def task_states(job: str) -> dict:
 
 def finish(args) -> int:
     """Mark the submissions of every task that did not complete, then build the pages once."""
+    from grading import record_store
+    from grading.rubric import Rubric
     from reporting.build import build_reports
-    from tests.grading import record_store
-    from tests.grading.rubric import Rubric
 
     reports = Path(args.reports).resolve()
     state = json.loads((reports / ".slurm" / "job.json").read_text())

@@ -52,7 +52,7 @@ from dataclasses import asdict, dataclass
 import torch
 
 # The factors of the rule above, and the one place their defaults live: the grader's rubric
-# (tests/grading/rubric.py) starts from these, and a rubric.yaml's `tolerances:` may override them.
+# (grading/rubric.py) starts from these, and a rubric.yaml's `tolerances:` may override them.
 OUTPUT_FACTOR = 2.0  # o and L
 GRAD_FACTOR = 3.0  # dq, dk, dv
 

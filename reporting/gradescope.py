@@ -12,7 +12,7 @@ status", "Output String Formatting"), and for `leaderboard`
 https://gradescope-autograders.readthedocs.io/en/latest/leaderboards/.
 
 results.json is read through CheckRecord.from_gradescope, which never raises on an old or
-malformed entry. `rubric` is tests/grading/rubric.py's Rubric, passed in rather than imported:
+malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
 from .record import NOT_GRADED_HERE, UNSETTLED, CheckRecord, as_dict, as_number, as_text

@@ -1,8 +1,8 @@
 """One check's record, from the test that makes it to the page that shows it.
 
-A CheckRecord is what the grader found for one check (tests/grading/plugin.py Check fills it),
+A CheckRecord is what the grader found for one check (grading/plugin.py Check fills it),
 what travels from an xdist worker to the controller (`to_json`, on the test report), what a
-check file holds (tests/grading/record_store.py), one entry of Gradescope's results.json
+check file holds (grading/record_store.py), one entry of Gradescope's results.json
 `tests[]` once scored (`to_gradescope`), and what the report pages show (`from_gradescope`,
 reporting/page_model.py). It lives in `reporting`, the installed package, because both sides
 import it and `tests` is not installed.
@@ -27,12 +27,12 @@ GRADER_ERROR = "grader_error"
 # The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum, scores
 # nothing yet, and makes the total provisional until the check is graded where it can run. A
 # "skipped" check, by contrast, does not apply to the submission (an adapter of the other template), or
-# could not be measured on it (its output says "could not be measured: ..."; tests/grading/plugin.py
+# could not be measured on it (its output says "could not be measured: ..."; grading/plugin.py
 # Check.not_measured): 0 of 0 either way, never a failure.
 NOT_GRADED_HERE = "not_graded_here"
 # Outcomes that are neither passed nor failed: Gradescope shows them with no status, by score.
 UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)
-# A check's source starting with this is advice (tests/grading/rubric.py says the same).
+# A check's source starting with this is advice (grading/rubric.py says the same).
 ADVICE_PREFIX = "beyond the handout"
 # Keys of one verdict the pages read; filled with None when results.json lacks them.
 VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",

@@ -11,7 +11,8 @@ folder is listable by all), mode 0711: others pass through it but cannot list it
 - `submission/`: a private copy of the submission's directory, the runner's working directory.
   Links are followed only while they stay inside the submission (a link to /etc/shadow or
   ../../reports must not be copied as root into a folder the student's code can read); only the
-  bundled submissions (TRUSTED_SUBMISSIONS) may link outside their folder, into reference/.
+  bundled submissions of a grader checkout (BUNDLED_SUBMISSIONS) may link outside their folder,
+  into that checkout's reference/ (`linked_reference`).
   Special files and what COPY_IGNORE names are skipped; every link not copied is noted.
 - `exchange/` (where replies' tensors travel: fa2_adapters.wire.tensors) and `home/` (its HOME,
   TMPDIR and caches). Its Triton cache, `home/.triton/cache`, starts as a copy of the kernels
@@ -47,13 +48,26 @@ COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wa
 # What the runner imports from the project: copied into its scratch folder, nothing else.
 # The runner side and the wire: exactly the code the runner trusts.
 TRUSTED_MODULES = ["fa2_adapters/__init__.py", "fa2_adapters/runner/*.py", "fa2_adapters/wire/*.py"]
-# The bundled reference submission links into reference/; only it may have links leaving its folder.
-TRUSTED_SUBMISSIONS = [PROJECT_ROOT / "submissions" / "reference", PROJECT_ROOT / "submissions" / "slow" / "tiles16"]
+# A checkout's bundled submissions link into its reference/: the only links that may leave a submission.
+BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
             "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
             "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
 FILE_LIMIT = int(float(os.environ.get("GRADER_FILE_LIMIT_GB", 2)) * (1 << 30))  # one file's size
 NPROC_LIMIT = 4096  # processes + threads of the runner's uid
+
+
+def linked_reference(root: Path) -> Path | None:
+    """The reference/ folder the submission at `root` (a real path) may link into: where `root` is
+    one of BUNDLED_SUBMISSIONS of a grader checkout (this one, or the one a grader installed from
+    a wheel grades), that checkout's reference/; None for every other submission."""
+    for bundled in BUNDLED_SUBMISSIONS:
+        depth = bundled.count("/") + 1
+        if root.as_posix().endswith("/" + bundled) and len(root.parents) > depth:
+            checkout = root.parents[depth - 1]
+            if (checkout / "pyproject.toml").is_file() and (checkout / "reference" / "oracle.py").is_file():
+                return Path(os.path.realpath(checkout / "reference"))
+    return None
 
 
 class ScratchFolder:
@@ -101,7 +115,7 @@ class ScratchFolder:
         if copy.exists():
             return copy
         root = Path(os.path.realpath(self.submission.root))
-        trusted = any(root == Path(os.path.realpath(t)) for t in TRUSTED_SUBMISSIONS)
+        reference = linked_reference(root)
 
         def ignore(directory, names):
             skipped = set(COPY_IGNORE(directory, names))
@@ -112,7 +126,8 @@ class ScratchFolder:
                 if os.path.islink(path):
                     inside = sandbox._is_under(target, str(root))
                     cycle = os.path.isdir(target) and sandbox._is_under(here, target)
-                    if not os.path.exists(target) or cycle or not (inside or trusted):
+                    allowed = inside or (reference is not None and sandbox._is_under(target, str(reference)))
+                    if not os.path.exists(target) or cycle or not allowed:
                         skipped.add(name)
                         self.copy_notes.append(f"{os.path.relpath(path, self.submission.root)} (a link "
                                                f"leading outside the submission) was not copied")

@@ -4,7 +4,7 @@
 rank is a spawned process that inherits the runner's sys.path and working directory, imports
 the submission's adapters module itself (once: the pool keeps its ranks from one successful
 call to the next, and starts fresh ones after a failure), trains a reference toy model through
-the student's functions and returns plain tensors, dicts and lists. The harness (tests/grading/
+the student's functions and returns plain tensors, dicts and lists. The harness (grading/
 test_distributed.py) builds the same models and batches from the same seeds with the helpers
 below, trains them in one process and judges.
 

@@ -19,9 +19,7 @@ import torch.nn.functional as F
 from fa2_adapters.runner.distributed_ops import on_device_of, read_buffers, state_held
 from fa2_adapters.runner.ranks import run_on_ranks
 from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
-from reference import ddp
-from reference.sharded_optimizer import ShardedOptimizer, state_numel
-from tests.grading.distributed_checks import (
+from grading.checks.distributed_checks import (
     greedy_buckets,
     judge_bucketing,
     judge_buffers,
@@ -29,6 +27,8 @@ from tests.grading.distributed_checks import (
     judge_state_sharded,
     state_unmeasured,
 )
+from reference import ddp
+from reference.sharded_optimizer import ShardedOptimizer, state_numel
 
 WORLD_SIZE = 2
 SEED = 0

@@ -1,5 +1,5 @@
-"""The time summary every grading run ends with (tests/grading/durations.py)."""
-from tests.grading.durations import Durations
+"""The time summary every grading run ends with (grading/durations.py)."""
+from grading.durations import Durations
 
 
 def test_setup_and_teardown_count_for_the_check_they_belong_to():

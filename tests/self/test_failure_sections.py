@@ -1,7 +1,7 @@
 """pytest's FAILURES section: kept for one submission, left to the reports for a class (plugin.py)."""
 from types import SimpleNamespace
 
-from tests.grading.plugin import GradingPlugin
+from grading.plugin import GradingPlugin
 
 
 def left_to_reports(submissions: int, args=(), tbstyle="auto") -> bool:

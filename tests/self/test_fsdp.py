@@ -3,7 +3,7 @@
 Every rank trains the wrapped model on its slice of each global batch; the parameters gathered
 afterwards must be those of one process trained on the whole batch: exactly (to float32
 rounding) in fp32, and within float16 rounding when the layers compute in float16 (the baseline
-then casts the same way; the rule is the grader's, tests/grading/test_fsdp.py). Ranks are seeded
+then casts the same way; the rule is the grader's, grading/checks/test_fsdp.py). Ranks are seeded
 differently, so matching also shows that the wrapper starts from rank 0's weights.
 
 One spawn runs every scenario (spawning costs seconds); the tests compare the snapshots.

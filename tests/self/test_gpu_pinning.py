@@ -1,4 +1,4 @@
-"""Workers on a host of several GPUs (tests/grading/plugin.py Grading.worker_gpu): round-robin,
+"""Workers on a host of several GPUs (grading/plugin.py Grading.worker_gpu): round-robin,
 the same GPU for a worker's own CUDA work and for its runners, none where the user chose. And
 the cores they share: those the process may run on, not all the machine's."""
 import os
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from tests.grading.plugin import Grading, usable_cores
+from grading.plugin import Grading, usable_cores
 
 
 def pinned(monkeypatch, worker, gpus, on_gpu=True, visible=None):

@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.grading.rubric import Rubric
+from grading.rubric import Rubric
 from tests.self.test_examples import demo_class_reports
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -25,17 +25,17 @@ from types import SimpleNamespace
 
 import pytest
 
+from grading import record_store
+from grading.rubric import Rubric
 from reporting import build_reports
 from reporting.record import CheckRecord, grader_error_diagnosis
-from tests.grading import record_store
-from tests.grading.rubric import Rubric
 
 from .test_reports import table_rows
 
 ROOT = Path(__file__).resolve().parents[2]
 FORWARD = "reference::flash_pytorch::forward[fp32-128x128-d64-full]"
 BACKWARD = "reference::flash_pytorch::backward[fp32-128x128-d64-full]"
-BACKWARD_ID = "tests/grading/test_flash.py::test_backward[reference-pytorch-fp32-128x128-d64-full]"
+BACKWARD_ID = "grading/checks/test_flash.py::test_backward[reference-pytorch-fp32-128x128-d64-full]"
 PYTORCH_COURSE = "pytorch and 128x128"  # -k: the PyTorch class's course forward and backward
 
 # Makes the oracle comparison (test_flash.judge) of the tests named by FLAKY_TEST raise
@@ -68,7 +68,7 @@ def pytest_collection_finish(session):
 NO_WORKER_WRITES = '''
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
-        from tests.grading import record_store
+        from grading import record_store
 
         def refuse(path, data):
             raise AssertionError(f"a worker wrote {path}")
@@ -105,7 +105,7 @@ def full_count(impl="submissions/reference") -> int:
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co",
                            f"--impl={impl}", "--reports=/nonexistent-never-written"],
                           cwd=ROOT, capture_output=True, text=True, timeout=300)
-    return sum(1 for line in proc.stdout.splitlines() if line.startswith("tests/grading/") and "::" in line)
+    return sum(1 for line in proc.stdout.splitlines() if line.startswith("grading/") and "::" in line)
 
 
 # -- grading runs ------------------------------------------------------------------------------
@@ -146,7 +146,7 @@ def test_grader_error_is_retried_once_then_unscored(broken_then_regraded):
     attempts = forward["extra_data"]["attempts"]  # both attempts' messages
     assert len(attempts) == 2
     assert "oracle broke (1)" in attempts[0] and "oracle broke (2)" in attempts[1]
-    assert "tests/grading/test_flash.py" in attempts[0] or "throwaway_plugin" in attempts[0]
+    assert "grading/checks/test_flash.py" in attempts[0] or "throwaway_plugin" in attempts[0]
     # The forward's share of the group is withheld, not handed to the backward.
     assert tests[BACKWARD]["status"] == "passed" and tests[BACKWARD]["max_score"] > 0
     assert graded["score"] == pytest.approx(tests[BACKWARD]["score"], abs=1e-3)  # (each rounded apart)
@@ -307,7 +307,7 @@ def record(name, outcome="passed", nodeid=None, group="flash_pytorch.forward.cou
                        group=group, outcome=outcome, output=outcome, seconds=1.0, nodeid=nodeid, **extra)
 
 
-MOD = "tests/grading/test_flash.py"
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
 
 
 def ids(*cases):
@@ -321,7 +321,7 @@ def test_assemble_counts_only_current_records(tmp_path):
     write(record("flash_pytorch::forward[b]", nodeid=f"{MOD}::test_forward[alice-pytorch-b]"))
     write(record("flash_pytorch::forward[old]", "failed", nodeid=f"{MOD}::test_forward[alice-pytorch-old]"))
     write(record("flash_pytorch::forward[legacy]", "failed"))  # an older grader's record: no test id
-    write(record("ddp::equivalence[x]", "passed", nodeid="tests/grading/test_distributed.py::test_ddp[alice-x]",
+    write(record("ddp::equivalence[x]", "passed", nodeid="grading.checks.test_distributed::test_ddp[alice-x]",
                  group="ddp.equivalence"))
     (tmp_path / "alice" / "checks" / "garbage.json").write_text('{"name": "alice::x", "outc')  # unreadable
 
@@ -410,7 +410,7 @@ def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
 
 
 def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
-    flash, ddp = "tests/grading/test_flash.py", "tests/grading/test_distributed.py"
+    flash, ddp = "grading.checks.test_flash", "grading.checks.test_distributed"
     record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"],
                                   {flash, ddp})
     # A later session names one flash test by its id: it adds, it does not shrink the module.
@@ -429,8 +429,8 @@ def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
 
 def test_progress_counts_each_submission_by_its_exact_name():
     """s1's pending checks are s1's alone: a test id of s10 contains "[s1" too. On a GPU a group
-    is one shard of a submission, "<name>/<shard>" (tests/grading/shards.py)."""
-    from tests.grading.plugin import GradingPlugin
+    is one shard of a submission, "<name>/<shard>" (grading/shards.py)."""
+    from grading.plugin import GradingPlugin
     plugin = GradingPlugin.__new__(GradingPlugin)  # its state only, no pytest config
     plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
     ids = [f"{MOD}::test_forward[s1-pytorch-a]@s1", f"{MOD}::test_forward[s10-pytorch-a]@s10",

@@ -9,9 +9,9 @@ from types import SimpleNamespace
 import pytest
 
 from fa2_adapters.harness.discover import IDENTITY_CHARS, load_submission
+from grading import record_store
 from reporting import build_reports
 from reporting.build import GRADESCOPE_COLUMNS
-from tests.grading import record_store
 
 
 def submission(root: Path, **files) -> object:

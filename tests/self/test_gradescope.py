@@ -4,7 +4,7 @@ specification, and partial credit when the autograder's time limit kills a run.
 - The grouped file: numbered in course order, adding up to the total, a failing group listing
   its failed cases with their diagnoses, no status where checks were not graded, Markdown in a
   student's text escaped, and every field of Gradescope's results.json specification valid.
-- `python -m tests.grading.record_store --reports DIR` assembles check files with no results.json.
+- `python -m grading.record_store --reports DIR` assembles check files with no results.json.
 - run_autograder, with a stand-in for pytest that records checks and is then killed by the time
   limit (a real grading run takes minutes): the student gets the checks recorded, marked incomplete.
 """
@@ -18,16 +18,16 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grading import record_store
+from grading.rubric import Rubric
 from reporting import gradescope
 from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
-from tests.grading import record_store
-from tests.grading.rubric import Rubric
 from tests.self.fixtures.make_results import rubric_text
 
 ROOT = Path(__file__).resolve().parents[2]
 FIXTURES = ROOT / "tests" / "self" / "fixtures" / "results"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "results.json").is_file())
-MOD = "tests/grading/test_flash.py"
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
 
 # Gradescope's results.json, as https://gradescope-autograders.readthedocs.io/en/latest/specs/ lists
 # it ("Output format", "Controlling Test Case Visibility", "Test case status", "Output String
@@ -215,14 +215,14 @@ def write_partial_run(reports: Path, submission="alice", recorded=("a", "b", "c"
 def test_record_store_command_assembles_check_files(tmp_path):
     write_partial_run(tmp_path)
     assert not (tmp_path / "alice" / "results.json").exists()
-    run = subprocess.run([sys.executable, "-m", "tests.grading.record_store", "--reports", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "grading.record_store", "--reports", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "alice:" in run.stdout and "incomplete: 3 of 4 checks graded" in run.stdout
     results = json.loads((tmp_path / "alice" / "results.json").read_text())
     out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
     assert out["score"] == results["score"] > 0 and out["output"].startswith("incomplete: 3 of 4 checks graded")
-    empty = subprocess.run([sys.executable, "-m", "tests.grading.record_store", "--reports", str(tmp_path / "none")],
+    empty = subprocess.run([sys.executable, "-m", "grading.record_store", "--reports", str(tmp_path / "none")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert empty.returncode == 1  # nothing recorded: run_autograder falls back to its own results.json
 

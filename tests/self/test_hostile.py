@@ -33,7 +33,7 @@ from fa2_adapters.harness import sandbox
 from fa2_adapters.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.wire.cases import FlashCase
-from tests.grading import record_store
+from grading import record_store
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
@@ -561,7 +561,7 @@ def test_runner_cannot_touch_the_project(runner_for, tmp_path):
                 except Exception as exc:
                     out[name] = type(exc).__name__
             attempt("read project", lambda: open({str(PROJECT_ROOT / "README.md")!r}).read())
-            attempt("read rubric", lambda: open({str(PROJECT_ROOT / "tests/grading/rubric.yaml")!r}).read())
+            attempt("read rubric", lambda: open({str(PROJECT_ROOT / "grading/rubric.yaml")!r}).read())
             attempt("read other submission", lambda: open({str(public / "class/bob/secret.py")!r}).read())
             attempt("write results.json", lambda: open({str(public / "reports/alice/results.json")!r}, "r+"))
             attempt("create in reports", lambda: open({str(public / "reports/PWNED")!r}, "x"))

@@ -110,7 +110,7 @@ def test_hostile_runner_is_confined(runners, tmp_path):
     secret.write_text("secret")
     os.chmod(secret, 0o644)
     runner = runners(attempts(f'''
-        attempt("read project tests", lambda: open({str(PROJECT_ROOT / "tests/grading/rubric.yaml")!r}).read())
+        attempt("read project tests", lambda: open({str(PROJECT_ROOT / "grading/rubric.yaml")!r}).read())
         attempt("list project", lambda: os.listdir({str(PROJECT_ROOT)!r}))
         attempt("read grader temp file", lambda: open({str(secret)!r}).read())
         attempt("write system folder", lambda: open("/usr/PWNED-userns", "x"))

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from fa2_adapters.wire.cases import FlashCase
-from tests.grading.flash_checks import expected
-from tests.grading.plugin import Check
-from tests.grading.rubric import Rubric
-from tests.grading.test_flash import judge
+from grading.checks.flash_checks import expected
+from grading.checks.test_flash import judge
+from grading.plugin import Check
+from grading.rubric import Rubric
 
 SEED = 20261125
 CASE = FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=16, dtype="bfloat16")

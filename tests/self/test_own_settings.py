@@ -29,3 +29,21 @@ def test_a_repo_with_pytest_settings_of_its_own_and_an_existing_reports_folder(t
     assert f"rootdir: {ROOT}" in out and "configfile: pyproject.toml" in out
     assert "errors" not in out.split("grades ===")[0]
     assert not (tmp_path / "imported").exists()  # the repo's conftest.py never ran in the grader
+
+
+def test_the_installed_settings_are_the_checkouts():
+    """Installed without its checkout, a grading run uses grading/pytest.ini instead of
+    pyproject.toml's [tool.pytest.ini_options]: the same addopts (plus --noconftest, which only a
+    run outside the checkout needs: the checkout's conftest.py holds its collection rules) and
+    the same warning filters."""
+    import configparser
+    import shlex
+
+    import tomllib
+
+    checkout = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"]["ini_options"]
+    ini = configparser.ConfigParser()
+    ini.read(ROOT / "grading" / "pytest.ini")
+    installed = ini["pytest"]
+    assert shlex.split(installed["addopts"]) == shlex.split(checkout["addopts"]) + ["--noconftest"]
+    assert [line for line in installed["filterwarnings"].splitlines() if line] == checkout["filterwarnings"]

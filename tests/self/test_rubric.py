@@ -1,4 +1,4 @@
-"""The rubric is checked as it loads (tests/grading/rubric.py): a mistake stops the run with one
+"""The rubric is checked as it loads (grading/rubric.py): a mistake stops the run with one
 plain sentence per problem, naming the file's line, instead of scoring 0 or erroring later."""
 import subprocess
 import sys
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.grading.rubric import DEFAULT_RUBRIC, PARTS, Rubric, RubricError
+from grading.rubric import DEFAULT_RUBRIC, PARTS, Rubric, RubricError
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 DEFAULT_TEXT = DEFAULT_RUBRIC.read_text()

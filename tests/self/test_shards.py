@@ -1,15 +1,15 @@
-"""Which runner of its submission a grading test uses on a GPU (tests/grading/shards.py)."""
+"""Which runner of its submission a grading test uses on a GPU (grading/shards.py)."""
 import subprocess
 import sys
 from types import SimpleNamespace
 
 from fa2_adapters.harness.scratch import PROJECT_ROOT
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase
-from tests.grading import shards
+from grading import shards
 
 
 def item(module: str, name: str, **params):
-    return SimpleNamespace(module=SimpleNamespace(__name__=f"tests.grading.{module}"), originalname=name,
+    return SimpleNamespace(module=SimpleNamespace(__name__=f"grading.checks.{module}"), originalname=name,
                            callspec=SimpleNamespace(params={"submission": "alice", **params}))
 
 
@@ -101,7 +101,7 @@ def test_a_groups_flash_checks_go_smallest_case_first():
 def test_every_shards_runner_log_reaches_the_report():
     """A submission spread over shards has a runner log per shard: results.json shows each under
     its shard's name (not only the last shard's, as before), within one size budget."""
-    from tests.grading.plugin import LOG_TAILS_CHARS, joined_logs
+    from grading.plugin import LOG_TAILS_CHARS, joined_logs
 
     assert joined_logs({"": "only runner\n"}) == "only runner\n"
     logs = {"triton-bf16-causal-d64": "x" * 50000 + "END-A", "ddp-ddp": "spawned 2 ranks\nEND-B"}

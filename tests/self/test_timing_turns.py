@@ -1,8 +1,8 @@
-"""The timing budget's measurement (tests/grading/flash_checks.py medians_ms): the student's and
+"""The timing budget's measurement (grading/checks/flash_checks.py medians_ms): the student's and
 the reference's runners take turns call by call, and a failed call ends the timing."""
 from types import SimpleNamespace
 
-from tests.grading.flash_checks import medians_ms
+from grading.checks.flash_checks import medians_ms
 
 BUDGET = {"repeats": 3, "iters": 2}
 

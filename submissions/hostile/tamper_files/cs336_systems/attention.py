@@ -78,7 +78,7 @@ def try_create(folder):
 
 def snoop():
     for root in candidate_roots()[:400]:
-        for pattern in ("tests/grading/rubric.yaml", "reference/flash_pytorch.py", "reference/oracle.py",
+        for pattern in ("grading/rubric.yaml", "reference/flash_pytorch.py", "reference/oracle.py",
                         "README.md", "*.yaml", "reports/*/results.json", "reports/*/checks/*.json",
                         "*/results.json", "submissions/*/tests/adapters.py", "*/tests/adapters.py",
                         "exchange/*.pt", "*/exchange/*.pt"):
@@ -87,7 +87,7 @@ def snoop():
                     if "/reports/" in path or path.endswith(("rubric.yaml", "results.json")) or "/reference/" in path or "/submissions/" in path or "/exchange/" in path or path.endswith("README.md"):
                         try_read(path)
                         try_write_existing(path)
-        for folder in ("reports", "submissions", "reference", "tests/grading", "exchange", ""):
+        for folder in ("reports", "submissions", "reference", "grading", "exchange", ""):
             if folder == "" and not glob.glob(os.path.join(root, "reports")):
                 continue
             try_create(os.path.join(root, folder))

@@ -19,8 +19,8 @@ import torch
 from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
+from grading.checks.flash_checks import medians_ms, oracle_bytes
 from reference.tolerance import judge_attention
-from tests.grading.flash_checks import medians_ms, oracle_bytes
 
 JUDGED_BATCH = 2
 
@@ -81,7 +81,7 @@ def test_budget(grading, submission, check, slot):
     request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
     # Both runners start here, in this thread: a runner dies with the thread that started it
-    # (sandbox.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
+    # (launcher.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
     # student's adapters import.
     student = grading.runner(submission)
     if (failure := student.import_failure()) is not None:

@@ -94,7 +94,7 @@ class Group(Strict):
     source: str = ""
 
 
-class Budget(Strict):  # as tests/grading/test_timing.py reads it
+class Budget(Strict):  # as grading/checks/test_timing.py reads it
     ratio: Positive
     n: Count
     d: Count

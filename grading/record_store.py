@@ -20,12 +20,14 @@ temporary file that then replaces it, so a reader never sees half of one):
                              log tail) as they arrive from workers on the test reports.
   <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
                              per test module, as the sessions collected them (update_collected).
+                             A check is named by its module and test, "grading.checks.test_flash::
+                             test_forward[...]" (plugin.check_id), the same from any rootdir.
   <sub>/results.json         the controller (assemble), when a submission's last check of the
                              session finishes and again at session end; its parts in the
                              rubric's order (the pages show them in that order).
   <sub>/gradescope.json      assemble, right after results.json (reporting/gradescope.py: the same
                              results, one test per rubric group), which is what Gradescope gets;
-                             also `python -m tests.grading.record_store --reports DIR`, which
+                             also `python -m grading.record_store --reports DIR`, which
                              assembles from the check files after a run was killed (run_autograder).
   <sub>/index.html, index.html, grades.csv
                              the controller at session end (reporting.build_reports), or
@@ -53,9 +55,9 @@ from collections import Counter
 from dataclasses import replace
 from pathlib import Path
 
+from grading.rubric import Rubric
 from reporting import gradescope
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord
-from tests.grading.rubric import Rubric
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
@@ -204,7 +206,7 @@ def current_records(folder: Path, expected=None, modules=None) -> list:
 
 
 def _function(nodeid: str) -> str:
-    """"tests/grading/test_flash.py::test_forward[alice-...]" -> "tests/grading/test_flash.py::test_forward"."""
+    """"grading.checks.test_flash::test_forward[alice-...]" -> "grading.checks.test_flash::test_forward"."""
     return nodeid.split("[", 1)[0]
 
 
@@ -334,7 +336,7 @@ def main(argv=None) -> int:
     Prints each submission's results.json output; exits 1 when no submission had a check file."""
     import argparse
 
-    parser = argparse.ArgumentParser(prog="python -m tests.grading.record_store", description=main.__doc__)
+    parser = argparse.ArgumentParser(prog="python -m grading.record_store", description=main.__doc__)
     parser.add_argument("--reports", type=Path, required=True, help="the reports folder of the run")
     parser.add_argument("--rubric", type=Path, default=None, help="the run's rubric (default: the default rubric)")
     args = parser.parse_args(argv)

@@ -38,7 +38,7 @@ import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import build_model, make_batches, training_loss
-from tests.grading.distributed_checks import (
+from grading.checks.distributed_checks import (
     ATOL,
     RTOL,
     WORLD_SIZE,

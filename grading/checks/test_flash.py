@@ -10,9 +10,8 @@ import pytest
 import torch
 
 from fa2_adapters.wire.cases import FLASH_SLOTS
-from reference.tolerance import course_close, judge_attention
-from tests.grading import diagnose
-from tests.grading.flash_checks import (
+from grading import diagnose
+from grading.checks.flash_checks import (
     SLOTS,
     expected,
     expected_tf32,
@@ -22,12 +21,13 @@ from tests.grading.flash_checks import (
     run_case,
     settle,
 )
-from tests.grading.matrix import COURSE_CASE, flash_cases, slot_device
+from grading.matrix import COURSE_CASE, flash_cases, slot_device
+from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
 IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
 # The checks of one case of each slot name it as a parameter, so that on a GPU each joins its
-# case's shard (tests/grading/shards.py) and takes that shard's reply and compiled kernels: in a
+# case's shard (grading/shards.py) and takes that shard's reply and compiled kernels: in a
 # shard of their own they compiled and autotuned the case again (34 s of a cold H100 run).
 # Hygiene: a handout shape (d=64, bf16), since odd lengths, which some classes refuse, must not
 # hide its findings. Implementation: the slot's first case.

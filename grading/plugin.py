@@ -4,9 +4,9 @@ It parametrizes the suite over submissions, keeps one runner per group of checks
 records each check the moment it finishes, and at the end of the session assembles every
 submission's results.json, builds the HTML reports and prints where the time went. Under xdist
 (`--dist loadgroup`) a group's checks stay on one worker, so its runner starts once; a group is
-one shard of a submission (tests/grading/shards.py), so one submission spreads over workers too.
+one shard of a submission (grading/shards.py), so one submission spreads over workers too.
 
-Only the controller writes under reports/ (tests/grading/record_store.py says which file is
+Only the controller writes under reports/ (grading/record_store.py says which file is
 whose): workers send what they find on the test reports' user_properties, the check record as
 "grading_check" (CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's
 facts as "grading_runner" and, once, the tests they collected as "grading_collected".
@@ -35,11 +35,18 @@ from fa2_adapters.harness import kernel_cache, shared_probe
 from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
 from fa2_adapters.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
+from grading import record_store, shards
+from grading.durations import Durations
+from grading.rubric import Rubric, RubricError
 from reporting.build import build_reports
 from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
-from tests.grading import record_store, shards
-from tests.grading.durations import Durations
-from tests.grading.rubric import Rubric, RubricError
+
+
+def check_id(item) -> str:
+    """A grading test's id in the records: its module's name and its name,
+    "grading.checks.test_flash::test_forward[alice-...]". Not pytest's node id, a path from the
+    rootdir, which a checkout and an installed package (or two rootdirs) would give two ways."""
+    return f"{item.module.__name__}::{item.name}"
 
 
 def case_data(case) -> tuple:
@@ -139,7 +146,7 @@ class Grading:
         self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
-        # On a GPU, under xdist, several workers share one submission (tests/grading/shards.py);
+        # On a GPU, under xdist, several workers share one submission (grading/shards.py);
         # the plugin sets the shard of the test under way, and each (submission, shard) has its
         # runner. On a CPU there is no compiling to spread, only runner starts to add.
         self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
@@ -249,7 +256,7 @@ class Grading:
         facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
         if ungradable is not None:
             facts["ungradable"] = ungradable
-        # One tail per runner: under sharding a submission has a runner per shard (tests/grading/shards.py).
+        # One tail per runner: under sharding a submission has a runner per shard (grading/shards.py).
         facts.setdefault("runner_logs", {})[self.shard] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
@@ -319,22 +326,44 @@ def submission_of(item):
     return callspec.params["submission"].name
 
 
+# The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
+GRADER_ROOT = Path(__file__).resolve().parents[1]
+OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in ("grading", "fa2_adapters", "reference", "reporting")]
+
+
 def describe(exc: BaseException) -> str:
-    """'KeyError: 'o' at tests/grading/test_flash.py:97': the error and where the grader raised it."""
+    """'KeyError: 'o' at grading/checks/test_flash.py:97': the error and where the grader raised it."""
     text = f"{type(exc).__name__}: {exc}".strip()
     if len(text) > 300:
         text = text[:297] + "..."
-    root = str(Path(__file__).resolve().parents[2])
     frames = traceback.extract_tb(exc.__traceback__)
-    ours = [f for f in frames if f.filename.startswith(root) and "site-packages" not in f.filename]
+    ours = [f for f in frames if f.filename.startswith(tuple(OWN_PACKAGES))]
     frame = (ours or frames or [None])[-1]
     if frame is not None:
-        where = os.path.relpath(frame.filename, root) if frame.filename.startswith(root) else frame.filename
+        where = os.path.relpath(frame.filename, GRADER_ROOT) if frame in ours else frame.filename
         text += f" at {where}:{frame.lineno}"
     return text
 
 
-# The session's grading state, for the fixtures (tests/grading/conftest.py) and the hooks below.
+CHECKS = Path(__file__).resolve().with_name("checks")
+
+
+def reaches_checks(config, arg: str) -> bool:
+    """Whether collecting `arg` (a path, or path::test) may collect checks: it is the checks'
+    folder, inside it, or a folder holding it (a checkout's root, say)."""
+    path = (config.invocation_params.dir / arg.split("::", 1)[0]).resolve()
+    return path.is_relative_to(CHECKS) or CHECKS.is_relative_to(path)
+
+
+def narrowed(config) -> bool:
+    """Whether the run selects part of what it collects (-k, -m, --deselect, --lf): then a worker
+    reporting no test after the selection has still collected checks."""
+    option = config.option
+    return bool(option.keyword or option.markexpr or getattr(option, "deselect", None)
+                or getattr(option, "lf", False))
+
+
+# The session's grading state, for the fixtures (grading/fixtures.py) and the hooks below.
 GRADING = pytest.StashKey[Grading]()
 
 
@@ -358,6 +387,7 @@ class GradingPlugin:
         self._runner_seen = set()
         self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
         self._failures_not_shown = False  # controller only: pytest's FAILURES section left to the reports
+        self.no_checks = False  # controller only: this session collected no check, so it writes nothing
         if self.is_worker and (probe := config.workerinput.get("isolation_probe")):
             shared_probe.adopt(Path(probe["path"]), probe["question"])
 
@@ -401,7 +431,15 @@ class GradingPlugin:
         node.workerinput["isolation_probe"] = self._probe
 
     def pytest_sessionstart(self, session):
-        if self.is_worker or self.config.option.collectonly:
+        if self.is_worker:
+            return
+        if not self.config.option.pyargs and not any(reaches_checks(self.config, arg) for arg in self.config.args):
+            self.no_checks = True  # nothing of this session goes under reports/
+            raise pytest.UsageError(
+                f"grading collects no check: none of the paths given ({' '.join(self.config.args)}) holds the "
+                f"grader's checks, which are in {CHECKS}. Leave the paths out (`pytest --impl DIR` grades "
+                f"every check) or name files of that folder; -k selects checks by name.")
+        if self.config.option.collectonly:
             return
         self._show_rubric()
         # Check files are kept: a check this session does not run keeps its last result, and one
@@ -426,16 +464,24 @@ class GradingPlugin:
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group, and before -k
     def pytest_collection_modifyitems(self, config, items):
+        try:
+            self._note_collected(config, items)
+        finally:
+            if not self.is_worker and not self.collected:  # without xdist: the controller collects
+                self._stop_without_checks(f"{len(items)} other test(s)" if items else "nothing")
+
+    def _stop_without_checks(self, found: str):
+        """Grading that collected no check stops (exit status 4) and writes no report."""
+        self.no_checks = True
+        raise pytest.UsageError(f"grading collected no check: {found} from {' '.join(self.config.args)}, where "
+                                f"the grader's checks ({CHECKS}) were expected. Nothing was graded and no report "
+                                f"was written; see the collection errors above, if any.")
+
+    def _note_collected(self, config, items):
         # Modules named with "::" on the command line (one test, one case) were not collected
         # whole: their other tests' records are kept, never judged stale.
-        partial = set()
-        for arg in config.args:
-            if "::" in arg:
-                path = (config.invocation_params.dir / arg.split("::", 1)[0]).resolve()
-                try:
-                    partial.add(path.relative_to(config.rootpath).as_posix())
-                except ValueError:
-                    partial.add(arg.split("::", 1)[0])
+        partial = {(config.invocation_params.dir / arg.split("::", 1)[0]).resolve()
+                   for arg in config.args if "::" in arg}
         # The marker is xdist's: without the plugin (-p no:xdist) pytest would warn it is unknown.
         grouping = config.pluginmanager.hasplugin("xdist")
         # --lf drops the tests that passed last time while collecting, before this hook runs
@@ -448,10 +494,10 @@ class GradingPlugin:
                 item.grading_shard = shards.shard_of(item, self.state.stubs[name]) if self.state.sharded else ""
                 if grouping:
                     item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
-                item.grading_nodeid = item.nodeid  # without the "@group" xdist appends
-                self.collected.setdefault(name, set()).add(item.nodeid)
-                if not last_failed and (module := item.nodeid.split("::", 1)[0]) not in partial:
-                    self.modules.add(module)
+                item.grading_nodeid = check_id(item)  # the records' id (the node id would end in xdist's "@group")
+                self.collected.setdefault(name, set()).add(item.grading_nodeid)
+                if not last_failed and not (partial and item.path.resolve() in partial):
+                    self.modules.add(item.module.__name__)
         if not self.is_worker:
             self._save_collected()
 
@@ -531,7 +577,7 @@ class GradingPlugin:
                           output=str(report.longrepr)[-20000:], attempts=fault)  # the traceback, for staff
         if getattr(item, "grading_retried", None) and record.outcome != GRADER_ERROR:
             record.retried_after = item.grading_retried  # the first attempt's grader error
-        record.nodeid = getattr(item, "grading_nodeid", item.nodeid.split("@", 1)[0])
+        record.nodeid = getattr(item, "grading_nodeid", None) or check_id(item)
         return record
 
     @pytest.hookimpl(hookwrapper=True)
@@ -610,6 +656,8 @@ class GradingPlugin:
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` must still work
     def pytest_xdist_node_collection_finished(self, node, ids):
+        if not any(self._submission_of_id(i) for i in ids) and not narrowed(self.config):
+            self._stop_without_checks(f"{len(ids)} other test(s)" if ids else "nothing")
         if not self.pending:
             self._set_pending(self._submission_of_id(i) for i in ids)
 
@@ -619,7 +667,7 @@ class GradingPlugin:
 
     def _submission_of_id(self, nodeid: str):
         """The submission of a test id as a worker reports it under loadgroup, "<id>@<group>", the
-        group being the submission's name, or "<name>/<shard>" (tests/grading/shards.py)."""
+        group being the submission's name, or "<name>/<shard>" (grading/shards.py)."""
         if "@" not in nodeid:
             return None
         name = shards.submission_of_group(nodeid.rsplit("@", 1)[1])
@@ -666,7 +714,7 @@ class GradingPlugin:
     def pytest_sessionfinish(self, session):
         if self._probe:
             shutil.rmtree(Path(self._probe["path"]).parent, ignore_errors=True)
-        if self.is_worker or self.config.option.collectonly:
+        if self.is_worker or self.config.option.collectonly or self.no_checks:
             return
         self.durations.mark("scoring")
         summary = []

@@ -7,8 +7,8 @@ a length where one N x N matrix would dwarf everything else.
 import pytest
 
 from fa2_adapters.wire.cases import FlashCase
-from tests.grading.flash_checks import run_case
-from tests.grading.matrix import MEMORY_CASE, slot_device
+from grading.checks.flash_checks import run_case
+from grading.matrix import MEMORY_CASE, slot_device
 
 # On a GPU one N x N fp32 matrix is 1 GiB at N=16384. The PyTorch slot is measured on the CPU,
 # where the official tests run it, with MEMORY_CASE.

@@ -26,7 +26,7 @@ parameters alone, as the official tests judge it.
 
 One spawn per DDP flavour (all its models) and one for all the sharded scenarios, shared
 between the checks (distributed_checks.distributed_call). Helpers the FSDP checks use too live
-in tests/grading/distributed_checks.py.
+in grading/checks/distributed_checks.py.
 """
 
 import pytest
@@ -34,7 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fa2_adapters.runner.distributed_ops import DDP_FLAVOURS, build_model, make_batches
-from tests.grading.distributed_checks import (
+from grading.checks.distributed_checks import (
     WORLD_SIZE,
     close,
     distributed_call,

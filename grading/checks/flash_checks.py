@@ -9,9 +9,9 @@ import re
 from functools import lru_cache
 
 from fa2_adapters.wire.cases import FLASH_SLOTS, make_inputs
+from grading import mistakes
+from grading.matrix import slot_device
 from reference.tolerance import expected_attention, tf32_attention_and_grads
-from tests.grading import mistakes
-from tests.grading.matrix import slot_device
 
 SLOTS = tuple(FLASH_SLOTS)  # "pytorch", "triton"
 POWER_OF_TWO_DIMS = (16, 32, 64, 128)  # the head dims the handout promises; any other may be refused

@@ -1,0 +1,116 @@
+"""The grader installed from its wheel grades from any folder, without the checkout's code.
+
+The wheel is built once (`pip wheel`), installed into a venv that sees this Python's packages (so
+torch is not installed again) and run with `python -P` from an empty folder, so that neither the
+checkout nor its editable install is imported: the engine, its checks, the rubric, the pytest
+settings and the templates all come from the wheel. Where this Python has the checkout installed
+editable too, both register the same pytest11 entry point name and pluggy loads the first, the
+venv's.
+"""
+import json
+import re
+import shutil
+import subprocess
+import sys
+import venv
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+# What a grading run reads besides Python modules, and the reference submission the timing check runs.
+SHIPPED = ["grading/rubric.yaml", "grading/pytest.ini", "reporting/templates/class.html.j2",
+           "reporting/templates/sort.js", "reference/oracle.py", "submissions/reference/tests/adapters.py",
+           "submissions/reference/cs336_systems/flash_pytorch.py", "grading/checks/test_flash.py"]
+FAST = "pytorch and 128x128"  # the PyTorch class's course forward and backward: seconds
+
+
+# Not copied for the build: output, caches, and what an earlier build left (setuptools' build/lib
+# keeps a module deleted since, which would ship).
+LEFT_OUT = {".git", "reports", "build", "corpus", ".speed", ".whl", ".pytest_cache", "__pycache__"}
+
+
+def source_copy(to: Path) -> Path:
+    def ignore(folder, names):
+        return [n for n in names if n in LEFT_OUT or n.endswith(".egg-info")]
+    shutil.copytree(ROOT, to, symlinks=True, ignore=ignore)
+    return to
+
+
+@pytest.fixture(scope="module")
+def wheel(tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("wheel")
+    source = source_copy(tmp_path_factory.mktemp("source") / "fa2-grader")
+    try:  # this Python's setuptools when it can build the project: no download
+        import setuptools
+        isolation = [] if int(setuptools.__version__.split(".")[0]) < 64 else ["--no-build-isolation"]
+    except ImportError:
+        isolation = []
+    proc = subprocess.run([sys.executable, "-m", "pip", "wheel", "-q", "--no-deps", *isolation, str(source),
+                           "-w", str(out)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (built,) = out.glob("fa2_grader-*.whl")
+    return built
+
+
+@pytest.fixture(scope="module")
+def installed(wheel, tmp_path_factory) -> Path:
+    """The venv's python, with the wheel installed."""
+    env = tmp_path_factory.mktemp("venv") / "env"
+    venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
+    python = env / "bin" / "python"
+    proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
+                           str(wheel)], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return python
+
+
+def test_the_wheel_holds_what_grading_reads(wheel):
+    names = set(zipfile.ZipFile(wheel).namelist())
+    assert not [name for name in SHIPPED if name not in names], sorted(names)
+    assert not [name for name in names if name.startswith("tests/")]  # the project's own tests stay out
+
+
+def checkout_count() -> int:
+    """How many checks the checkout collects for the reference submission (GPU-only cases differ by machine)."""
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--co",
+                           "--impl=submissions/reference", "--reports=/nonexistent-never-written"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    return sum(1 for line in proc.stdout.splitlines() if line.startswith("grading/checks/") and "::" in line)
+
+
+def test_the_installed_grader_grades_from_an_empty_folder(installed, tmp_path):
+    folder = tmp_path / "class"
+    folder.mkdir()
+    # --impl=PATH in one word: pytest looks for settings from the folder it runs in, not from the
+    # submission, whose checkout's pyproject.toml would put the checkout's code on sys.path.
+    proc = subprocess.run([str(installed), "-P", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           f"--impl={ROOT / 'submissions' / 'reference'}", "-k", FAST],
+                          cwd=folder, capture_output=True, text=True, timeout=600)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 0, out[-5000:]
+    site = Path(subprocess.run([str(installed), "-P", "-c", "import grading; print(grading.__path__[0])"],
+                               capture_output=True, text=True, cwd=folder, check=True).stdout.strip())
+    assert site.parent != ROOT and site.is_relative_to(installed.parent.parent)
+    # The wheel's engine, settings and rubric graded, from this folder.
+    assert f"rubric: {site / 'rubric.yaml'}" in out, out[-5000:]
+    assert f"rootdir: {folder}" in out and "pytest.ini" in re.search(r"configfile: (\S+)", out)[1]
+    collected, selected = map(int, re.search(r"collected (\d+) items / \d+ deselected / (\d+) selected", out).groups())
+    assert collected == checkout_count() and selected == 2
+    results = json.loads((folder / "reports" / "reference" / "results.json").read_text())
+    passed = [t["name"] for t in results["tests"] if t.get("status") == "passed"]
+    assert len(passed) == 2 and all("[fp32-128x128-d64-full]" in name for name in passed), results["output"]
+    assert (folder / "reports" / "index.html").is_file() and (folder / "reports" / "grades.csv").is_file()
+
+
+def test_grading_that_collects_no_check_stops_and_writes_nothing(installed, tmp_path):
+    (tmp_path / "test_other.py").write_text("def test_other():\n    pass\n")
+    proc = subprocess.run([str(installed), "-P", "-m", "pytest", "-p", "no:cacheprovider", "-p", "no:xdist",
+                           f"--impl={ROOT / 'submissions' / 'reference'}", "test_other.py"],
+                          cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert proc.returncode == 4, out[-3000:]
+    assert "grading collects no check: none of the paths given (test_other.py) holds the grader's checks" in out
+    reports = tmp_path / "reports"  # its secret seed may be drawn already; no page, no result
+    assert not [path for path in reports.rglob("*") if path.name != ".seed"]
