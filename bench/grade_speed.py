@@ -64,13 +64,15 @@ def fresh_caches(out: Path) -> dict:
 
 
 def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed: int | None = None,
-          env: dict | None = None) -> dict:
+          env: dict | None = None, select: str = "") -> dict:
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.timeline",
                f"--reports={reports}", "-n", workers, *[f"--impl={i}" for i in impls]]
     if seed is not None:  # the same inputs as another run, so their verdicts compare check by check
         command.append(f"--seed={seed}")
+    if select:
+        command += ["-k", select]
     print("+", " ".join(command), flush=True)
     env = {**os.environ, **(env or {}), "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
     (out / "timeline.json").unlink(missing_ok=True)
@@ -204,6 +206,7 @@ def main() -> int:
         p.add_argument("--label", default="")
         p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
         p.add_argument("--seed", type=int, help="the grader's --seed (default: a fresh secret one)")
+        p.add_argument("-k", dest="select", default="", help="pytest's -k: a part of the rubric (default: all of it)")
         p.add_argument("--fresh-caches", action="store_true",
                        help="compile into new, empty caches of this run's own (Triton, inductor, the kept kernels)")
         if name == "single":
@@ -241,8 +244,9 @@ def main() -> int:
         result["scenario"] = f"class -n {args.workers}"
     else:  # the corpus (bench/grade_corpus.py prepares it): real student repos, the throughput benchmark
         impls = [str(ROOT / "corpus" / repos) for repos in args.repos]
-        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env)
-        result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}"
+        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env, args.select)
+        result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}" + (f" -k {args.select}"
+                                                                                      if args.select else "")
     if args.fresh_caches:
         result["scenario"] = result["scenario"].removesuffix(" warm") + " fresh caches"
     result["idle_sdpa_ms"] = idle
