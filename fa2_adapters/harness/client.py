@@ -111,9 +111,13 @@ class SubmissionRunner:
     """One submission's runner process, started on first use and restarted after a failure."""
 
     def __init__(self, submission: Submission, env: dict | None = None, import_timeout: float = 120.0,
-                 memory_limit: int | None = None, kept_kernels: Path | None = None, gpu_ledger=None):
+                 memory_limit: int | None = None, kept_kernels: Path | None = None, gpu_ledger=None,
+                 dense_backward: bool = True):
         self.submission = submission
         self.gpu_ledger = gpu_ledger  # gpu_ledger.GpuLedger of the runner's GPU, or None (no GPU)
+        # Whether a call's GPU budget has room for N x N scores (FlashCase.gpu_budget_bytes): a
+        # student's class may hold them in its backward; the reference never does.
+        self.dense_backward = dense_backward
         self.env = env or {}
         self.import_timeout = import_timeout
         self.memory_limit = runner_memory_limit() if memory_limit is None else memory_limit
@@ -269,12 +273,11 @@ class SubmissionRunner:
             return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None
 
-    @staticmethod
-    def gpu_budget(request: dict):
+    def gpu_budget(self, request: dict):
         """The GPU memory a request may use (FlashCase.gpu_budget_bytes), or None off the GPU."""
         if request.get("device") != "cuda" or request.get("op") not in ("flash", "time_flash"):
             return None
-        return FlashCase.from_json(request["case"]).gpu_budget_bytes
+        return FlashCase.from_json(request["case"]).gpu_budget_bytes(self.dense_backward)
 
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
         """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu)."""

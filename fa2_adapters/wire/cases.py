@@ -53,15 +53,16 @@ class FlashCase:
             size *= b
         return size
 
-    @property
-    def gpu_budget_bytes(self) -> int:
+    def gpu_budget_bytes(self, dense_backward: bool = True) -> int:
         """The GPU memory a runner is allowed for one call of this case (gpu_ledger.py): 1 GiB of
-        slack, 32 copies of q in float32 (inputs, outputs, gradients, accumulators), and room for
-        what the handout allows a backward: a dense one under torch.compile holds the scores S (or
-        P), dP and dS in float32 and a temporary, 4 matrices of N_q x N_k. At the timing shape
-        (64 x 4096 x 4096) that is 19 GiB; at the course's (4 x 128 x 128), 1 GiB."""
+        slack, 32 copies of q in float32 (inputs, outputs, gradients, accumulators) and, for a
+        student's class, room for what the handout allows a backward: a dense one under
+        torch.compile holds the scores S (or P), dP and dS in float32 and a temporary, 4 matrices
+        of N_q x N_k. At the timing shape (64 x 4096 x 4096) that is 19 GiB (3 GiB without the
+        dense backward: the reference's); at the course's (4 x 128 x 128), 1 GiB."""
         rows = self.work // self.head_dim // self.n_keys  # batch x N_q
-        return (1 << 30) + 32 * 4 * rows * self.head_dim + 4 * 4 * rows * self.n_keys
+        scores = 4 * 4 * rows * self.n_keys if dense_backward else 0
+        return (1 << 30) + 32 * 4 * rows * self.head_dim + scores
 
     @property
     def torch_dtype(self) -> torch.dtype:

@@ -35,7 +35,8 @@ def reference_runner(grading) -> SubmissionRunner:
     ratio compares two kernels on one device, and the same thread budget."""
     reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
     return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
-                            kept_kernels=grading.kept_kernels(reference.root, "timing"), gpu_ledger=grading.gpu_ledger)
+                            kept_kernels=grading.kept_kernels(reference.root, "timing"), gpu_ledger=grading.gpu_ledger,
+                            dense_backward=False)
 
 
 def judge_timed_outputs(c, grading, reply, case, request, budget):
@@ -44,7 +45,7 @@ def judge_timed_outputs(c, grading, reply, case, request, budget):
     # and the float64 oracle of all 64 would take gigabytes of GPU memory that workers share.
     rows = slice(0, JUDGED_BATCH)
     judged = replace(case, batch=(JUDGED_BATCH,))
-    with grading.gpu_work(oracle_bytes(judged) + case.gpu_budget_bytes, f"the oracle of the timed {judged.id}"):
+    with grading.gpu_work(oracle_bytes(judged), f"the oracle of the timed {judged.id}"):
         q, k, v, do = make_inputs(case, last_seed(request["seed"], budget), "cuda")
         wrong = [v.reason for v in judge_attention({n: t[rows] for n, t in reply.tensors.items()}, q[rows], k[rows],
                                                    v[rows], do[rows], case.is_causal).values() if not v.ok]

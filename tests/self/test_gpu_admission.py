@@ -1,5 +1,7 @@
 """A runner call on a shared GPU (client.py call_on_gpu, serve.py out_of_memory), with a fake budget:
 an out-of-memory error is charged to the student only when the call's own budget ran out."""
+from types import SimpleNamespace
+
 import pytest
 
 from fa2_adapters.harness.client import GpuCrowded, Reply, SubmissionRunner, call_on_gpu
@@ -82,8 +84,11 @@ def test_a_device_full_even_alone_is_the_graders_fault(ledger):
     assert ledger.holders() == {}
 
 
-def test_only_flash_calls_on_cuda_have_a_budget():
+def test_only_flash_calls_on_cuda_have_a_budget_and_only_a_students_has_room_for_scores():
+    student = SimpleNamespace(dense_backward=True)
+    reference = SimpleNamespace(dense_backward=False)
     case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096).to_json()
-    assert SubmissionRunner.gpu_budget({"op": "time_flash", "device": "cuda", "case": case}) == 19 << 30
-    assert SubmissionRunner.gpu_budget({"op": "flash", "device": "cpu", "case": case}) is None
-    assert SubmissionRunner.gpu_budget({"op": "distributed", "device": "cuda"}) is None
+    assert SubmissionRunner.gpu_budget(student, {"op": "time_flash", "device": "cuda", "case": case}) == 19 << 30
+    assert SubmissionRunner.gpu_budget(reference, {"op": "time_flash", "device": "cuda", "case": case}) == 3 << 30
+    assert SubmissionRunner.gpu_budget(student, {"op": "flash", "device": "cpu", "case": case}) is None
+    assert SubmissionRunner.gpu_budget(student, {"op": "distributed", "device": "cuda"}) is None
