@@ -149,7 +149,9 @@ class Grading:
         # On a GPU, under xdist, several workers share one submission (grading/shards.py);
         # the plugin sets the shard of the test under way, and each (submission, shard) has its
         # runner. On a CPU there is no compiling to spread, only runner starts to add.
-        self.sharded = self.on_gpu and int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)) > 1
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        self.sharded = self.on_gpu and workers > 1
+        self.per_kernel_shards = shards.per_kernel_shards(len(self.submissions), workers)
         self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
@@ -491,7 +493,8 @@ class GradingPlugin:
         for item in items:
             name = submission_of(item)
             if name is not None:
-                item.grading_shard = shards.shard_of(item, self.state.stubs[name]) if self.state.sharded else ""
+                item.grading_shard = shards.shard_of(item, self.state.stubs[name], self.state.per_kernel_shards) \
+                    if self.state.sharded else ""
                 if grouping:
                     item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
                 item.grading_nodeid = check_id(item)  # the records' id (the node id would end in xdist's "@group")

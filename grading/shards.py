@@ -7,7 +7,8 @@ after another, and one submission took over 9 minutes on an H100 (notes/grading-
 So a submission's tests are split into shards that share nothing but the student's code:
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
-  two shards compile the same kernel, and each shard's autotuning covers its own lengths;
+  two shards compile the same kernel, and each shard's autotuning covers its own lengths; in a
+  class of at least a submission per worker, by (dtype, causal) (per_kernel_shards);
 - the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
   ranks from one call to the next (fa2_adapters/runner/ranks.py RankPool), so one spawn serves
@@ -32,8 +33,9 @@ def is_distributed(item) -> bool:
     return item.module.__name__.rsplit(".", 1)[-1] in ("test_distributed", "test_fsdp")
 
 
-def shard_of(item, stubs: set) -> str:
-    """The shard of a grading test, from its module, its name and its parameters."""
+def shard_of(item, stubs: set, per_kernel: bool = True) -> str:
+    """The shard of a grading test, from its module, its name and its parameters. `per_kernel`:
+    the Triton slot in a shard per kernel (dtype, causal, head dim), else per (dtype, causal)."""
     params = item.callspec.params
     module = item.module.__name__.rsplit(".", 1)[-1]
     if module in ("test_timing", "test_memory"):
@@ -44,7 +46,19 @@ def shard_of(item, stubs: set) -> str:
     case = params.get("case")
     if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
         return slot
-    return f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}-d{case.head_dim}"
+    shard = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
+    return f"{shard}-d{case.head_dim}" if per_kernel else shard
+
+
+def per_kernel_shards(submissions: int, workers: int) -> bool:
+    """Whether the Triton slot gets a shard per kernel. A shard per kernel lets one submission's
+    kernels compile on every worker at once, but each shard starts a runner (about 8 s of a core:
+    Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. A class with
+    a submission per worker keeps every worker busy anyway, and there the starts were the CPU's
+    largest cost: 20 public repos on 16 cores took 25 runners each, and the run was CPU-bound
+    (97% busy, notes/grading-speed.md, 2026-11-26). So only a class smaller than the workers
+    spreads a submission that thin; a larger one shards the Triton slot by dtype and causal flag."""
+    return submissions < workers
 
 
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run

@@ -27,6 +27,15 @@ def test_triton_cases_split_by_what_triton_compiles_for():
         == "triton-fp32-full-d16"
 
 
+def test_a_class_of_a_submission_per_worker_shards_triton_by_dtype_and_causal_flag():
+    assert shards.per_kernel_shards(submissions=1, workers=16)
+    assert not shards.per_kernel_shards(submissions=20, workers=16)
+    d16 = FlashCase(head_dim=16, dtype="bfloat16", is_causal=True)
+    for case in (CASE, d16):  # two kernels, one runner
+        assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=case), set(),
+                               per_kernel=False) == "triton-bf16-causal"
+
+
 def test_a_stubbed_triton_slot_stays_one_shard():
     stub = {FLASH_SLOTS["triton"]}
     assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
