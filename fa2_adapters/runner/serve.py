@@ -38,6 +38,9 @@ except Exception:
 CLOCK = time.perf_counter
 SYNC = torch.cuda.synchronize
 EQUAL = torch.equal
+# Likewise the GPU budget's own calls: a submission that replaced them could not lift its cap.
+SET_MEMORY_FRACTION = torch.cuda.set_per_process_memory_fraction
+EMPTY_CACHE = torch.cuda.empty_cache
 
 
 class NotAttempted(Exception):
@@ -104,7 +107,7 @@ def hold_to_budget(request: dict) -> None:
     budget = request.get("gpu_budget")
     if budget and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        torch.cuda.set_per_process_memory_fraction(min(1.0, budget / total))
+        SET_MEMORY_FRACTION(min(1.0, budget / total))
 
 
 def give_back_gpu_memory() -> None:
@@ -112,7 +115,7 @@ def give_back_gpu_memory() -> None:
     need it."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         try:
-            torch.cuda.empty_cache()
+            EMPTY_CACHE()
         except Exception:  # a broken context: the harness restarts this runner anyway
             pass
 
