@@ -38,8 +38,6 @@ import sys
 import tempfile
 from pathlib import Path
 
-import torch
-
 from fa2_adapters.harness import kernel_cache, sandbox
 from fa2_adapters.harness.discover import Submission
 
@@ -180,10 +178,6 @@ class ScratchFolder:
         # runner per core that is cores^2 processes, and the pool's memory counts against the
         # runner's limit (6.7 GiB at N=128 on the 16-core H100 host, where the limit was 6.3 GiB).
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
-        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
-        sharing = -(-workers // max(1, torch.cuda.device_count())) if torch.cuda.is_available() else 1
-        if sharing > 1:  # workers share a GPU (the plugin pins them round-robin): a fair share each
-            env["GRADER_GPU_MEMORY_FRACTION"] = f"{1 / sharing:.3f}"
         env.update(overrides)
         return env
 

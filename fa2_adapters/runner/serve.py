@@ -304,9 +304,6 @@ def main() -> None:
     channel = Channel(int(sys.argv[1]), int(sys.argv[2]))
     faulthandler.enable()  # a segfault leaves its Python stack in the log
     config = channel.receive()
-    fraction = os.environ.get("GRADER_GPU_MEMORY_FRACTION")
-    if fraction and torch.cuda.is_available():  # runners sharing a GPU: a fair share each
-        torch.cuda.set_per_process_memory_fraction(float(fraction))
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
         from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot
         ensure_bf16_dot(interpreted=True)
