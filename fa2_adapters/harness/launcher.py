@@ -3,7 +3,8 @@
 `python -I fa2_adapters/harness/launcher.py SPEC -- ARGV...` (the command sandbox.launch_command
 builds) sets hard resource limits, enters new mount and network namespaces, builds a root of its
 own (a tmpfs holding binds of the system folders, the Python install and the runner's scratch
-folder, at their usual paths, plus a private /tmp and /dev/shm), chroots into it, drops to the
+folder, at their usual paths, plus a private /tmp and /dev/shm; the grader's own packages in that
+Python install covered by an empty read-only tmpfs), chroots into it, drops to the
 runner's uid and execs the runner (in mode "userns": forks the PID namespace's init, which drops
 every capability and forks the runner). The modes and what each confines: sandbox.py. Standard
 library only: it runs as a script, with -I, before anything of the project could be trusted.
@@ -49,11 +50,13 @@ PRIVATE_TMPFS = {"/tmp": "size=256m,mode=1777", "/dev/shm": "size=512m,mode=1777
 NEW_ROOT = "/tmp/fa2-grader-newroot"  # a mount point only: each runner mounts its root there, privately
 
 
-def _build_root(libc, binds: list, scratch: str, userns: bool = False, readonly: tuple = ()) -> None:
+def _build_root(libc, binds: list, scratch: str, userns: bool = False, readonly: tuple = (),
+                covered: tuple = ()) -> None:
     """A tmpfs root holding `binds` (at their own paths), the private tmpfs folders and `scratch`,
     then chroot into it. /proc/self/... and every path the runner was given stay valid.
     `userns` (mode "userns", in the runner's PID namespace): a fresh /proc instead of the host's,
-    every bind but /dev and `scratch` read-only, and so is each path of `readonly` (in `scratch`)."""
+    every bind but /dev and `scratch` read-only, and so is each path of `readonly` (in `scratch`).
+    Each folder of `covered` (inside a bind) is an empty read-only tmpfs there."""
     os.makedirs(NEW_ROOT, mode=0o700, exist_ok=True)
     _mount(libc, "tmpfs", NEW_ROOT, "tmpfs", MS_NOSUID | MS_NODEV, "mode=0755,size=16m")
     entries = [(p, "bind") for p in binds if not (userns and p == "/proc")]
@@ -90,6 +93,8 @@ def _build_root(libc, binds: list, scratch: str, userns: bool = False, readonly:
         for path in [p for p, kind in entries if kind == "bind" and p != "/dev"] + list(readonly):
             if os.path.lexists(path) and not os.path.islink(path):
                 _remount_readonly(libc, NEW_ROOT + path)
+    for path in covered:  # the grader's packages in a bound Python install (a wheel's): solutions, oracle, rubric
+        _mount(libc, "tmpfs", NEW_ROOT + path, "tmpfs", MS_RDONLY | MS_NOSUID | MS_NODEV | MS_NOEXEC, "size=4k")
     os.chdir(NEW_ROOT)
     os.chroot(".")
 
@@ -169,7 +174,8 @@ def _init_and_runner(libc, spec: dict, cwd: str, argv: list) -> None:
             if select.select([alive_r], [], [], 0)[0]:  # the launcher died before that
                 os._exit(71)
             os.close(alive_r)
-            _build_root(libc, spec["binds"], spec["scratch"], userns=True, readonly=tuple(spec.get("readonly", ())))
+            _build_root(libc, spec["binds"], spec["scratch"], userns=True, readonly=tuple(spec.get("readonly", ())),
+                        covered=tuple(spec.get("covered", ())))
             os.chdir(cwd)  # the same path, in the new root
             _drop_capabilities(libc)
             signal.signal(signal.SIGINT, signal.SIG_DFL)  # pid 1: a default action is never taken
@@ -234,7 +240,7 @@ def launch(spec: dict, argv: list) -> None:
     elif spec.get("namespace"):
         _check(libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
         _mount(libc, None, "/", None, MS_REC | MS_PRIVATE)  # nothing below leaks to the host
-        _build_root(libc, spec["binds"], spec["scratch"])
+        _build_root(libc, spec["binds"], spec["scratch"], covered=tuple(spec.get("covered", ())))
         if spec.get("network"):
             _check(libc.unshare(CLONE_NEWNET), "unshare(CLONE_NEWNET)")
             _loopback_up()

@@ -13,10 +13,12 @@ Modes, best first (`isolation()` picks the first that works here, and says so):
   passwd entry) in a root that holds only an allowlist: /usr, /bin, /lib*, /sbin, /etc, /dev,
   /proc, /sys, the Python install and its own scratch folder. The project, reports, rubrics,
   other submissions, /home, /root, /run, other runners' folders: none of it exists there, wherever
-  it lives on this machine. A network namespace leaves it only loopback (so it cannot reach other
-  runners' gloo ports or the outside). It cannot raise its limits.
+  it lives on this machine; where the grader is installed into that Python (a wheel), its own
+  packages there are empty folders (`grader_package_folders`). A network namespace leaves it only
+  loopback (so it cannot reach other runners' gloo ports or the outside). It cannot raise its limits.
 - "uid": root, but namespaces are refused. The runner runs as a fresh uid: it cannot write
-  anything of the project or of other submissions, but can read whatever is world-readable.
+  anything of the project or of other submissions, but can read whatever is world-readable: a
+  wheel's installed packages (the reference solutions, the oracle, the rubric) cannot be covered.
 - "userns": not root (or GRADER_SANDBOX=userns, which makes a root grader use it alone: the
   tests do), but unprivileged user namespaces work. The launcher enters new user, mount, network,
   IPC and PID namespaces (the grader's uid and gid mapped to themselves, setgroups denied) and builds
@@ -37,6 +39,7 @@ Modes, best first (`isolation()` picks the first that works here, and says so):
   limits and process-group kills still apply, but it can read and write what this user can.
   The note says so in every runner log.
 """
+import importlib.util
 import json
 import os
 import shutil
@@ -53,6 +56,8 @@ from fa2_adapters.harness.launcher import _is_under as _is_under  # scratch.py's
 
 LAUNCHER_PY = Path(launcher.__file__).resolve()
 
+# The grader's own top-level packages: what a wheel installs besides its metadata.
+GRADER_PACKAGES = ["reference", "grading", "reporting", "submissions", "fa2_adapters"]
 UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # far above any real account
 
 
@@ -80,6 +85,23 @@ def root_binds(hidden: list) -> list:
     folders and the Python install (minus what is already inside a system folder)."""
     binds = [p for p in SYSTEM_BINDS if os.path.lexists(p)]
     return binds + [r for r in python_roots(hidden) if not any(_is_under(r, b) for b in binds)]
+
+
+def grader_package_folders(binds: list) -> list:
+    """The folders of the grader's own packages that the runner's root holds through `binds`: a
+    grader installed into the Python install the runner uses (a wheel's, in site-packages; its
+    PROJECT_ROOT is site-packages then, hidden as a folder but bound as part of that install),
+    wherever on sys.path, the one imported too. A checkout outside `binds` is not there at all.
+    They hold the reference solutions, the oracle and the rubric with its hidden checks; the
+    launcher covers each with an empty folder. The runner needs none of them: it imports the
+    fa2_adapters it trusts (a package of its own, first on its PYTHONPATH) from its scratch copy."""
+    found = set()
+    for name in GRADER_PACKAGES:
+        spec = importlib.util.find_spec(name)
+        found |= set(spec.submodule_search_locations or []) if spec else set()
+        found |= {os.path.join(entry, name) for entry in sys.path if entry and os.path.isabs(entry)}
+    found = {os.path.realpath(p) for p in found if os.path.isdir(p)}
+    return sorted(p for p in found if any(_is_under(p, os.path.realpath(b)) for b in binds))
 
 
 _ISOLATION = {}  # (scratch_parent, data_limit) -> what isolation() found for them
@@ -141,7 +163,8 @@ def _probe_isolation(scratch_parent: str, data_limit: int) -> dict:
             if proc.returncode == 0 and proc.stdout.strip().endswith("ok"):
                 what = {"namespace": "its own uid, a root of its own holding only system folders, Python "
                                      "and its scratch folder" + (", no network but loopback" if network else ""),
-                        "uid": "its own uid (no mount namespace here: it can read world-readable files)",
+                        "uid": "its own uid (no mount namespace here: it can read world-readable files, the "
+                               "grader's installed packages among them: reference solutions, oracle, rubric)",
                         "userns": "unprivileged user namespaces (" + ("the grader is not root" if os.geteuid()
                                   else "GRADER_SANDBOX=userns") + "): a root of its own holding only system "
                                   "folders and Python, read-only, and its scratch folder; its own PID namespace "
@@ -151,8 +174,8 @@ def _probe_isolation(scratch_parent: str, data_limit: int) -> dict:
                                   "and no per-uid process limit applies",
                         "none": "NOT isolated: " + ("the grader is not root" + ("" if off else " and user "
                                 "namespaces were refused") if os.geteuid() else "no uid switch worked here")
-                                + ", so it can read and write what the grader's user can; limits "
-                                "and process-group kills still apply"}[mode]
+                                + ", so it can read and write what the grader's user can (the grader's "
+                                "own code, oracle and rubric too); limits and process-group kills still apply"}[mode]
                 if data_limit and not with_data:
                     what += "; no RLIMIT_DATA (it broke the probe), the memory watchdog alone"
                 if notes and mode not in ("namespace", "userns"):

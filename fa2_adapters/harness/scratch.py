@@ -29,8 +29,9 @@ The sandbox spec (for fa2_adapters.harness.sandbox's launcher) sets hard limits:
 FILE_LIMIT bytes per file, the runner's memory limit as RLIMIT_DATA where the sandbox probe says
 it works, NPROC_LIMIT processes for a uid of its own; in a namespace, a root holding only system
 folders, Python and this scratch folder (the project, the submission's original and GRADER_HIDE
-hidden). Of the grader's environment the runner gets only the variables ENV_KEEP names (no
-tokens, no paths), besides its own folders.
+hidden; the grader's packages installed in that Python covered by empty folders). Of the grader's
+environment the runner gets only the variables ENV_KEEP names (no tokens, no paths), besides its
+own folders.
 """
 import os
 import shutil
@@ -159,7 +160,9 @@ class ScratchFolder:
         if spec["namespace"]:  # the runner's root: system folders, Python, its scratch folder
             hide = [str(PROJECT_ROOT), str(self.submission.root)]
             hide += [p for p in os.environ.get("GRADER_HIDE", "").split(os.pathsep) if p]
-            spec.update(binds=sandbox.root_binds(hide), scratch=os.path.realpath(self.path))
+            binds = sandbox.root_binds(hide)
+            spec.update(binds=binds, scratch=os.path.realpath(self.path),
+                        covered=sandbox.grader_package_folders(binds))
         return spec
 
     def runner_env(self, isolation: dict, overrides: dict) -> dict:

@@ -8,10 +8,12 @@ editable too, both register the same pytest11 entry point name and pluggy loads 
 venv's.
 """
 import json
+import os
 import re
 import shutil
 import subprocess
 import sys
+import textwrap
 import venv
 import zipfile
 from pathlib import Path
@@ -114,3 +116,81 @@ def test_grading_that_collects_no_check_stops_and_writes_nothing(installed, tmp_
     assert "grading collects no check: none of the paths given (test_other.py) holds the grader's checks" in out
     reports = tmp_path / "reports"  # its secret seed may be drawn already; no page, no result
     assert not [path for path in reports.rglob("*") if path.name != ".seed"]
+
+
+# A submission whose PyTorch slot looks for the installed grader's packages and reports what it found.
+SNOOPING_ADAPTERS = """
+import json, os
+
+
+def attempt(name, fn):
+    try:
+        return fn()
+    except Exception as exc:
+        return type(exc).__name__
+
+
+def get_flashattention_autograd_function_pytorch():
+    site = {site!r}
+    out = {{
+        "import oracle": attempt("", lambda: __import__("reference.oracle") and "allowed"),
+        "import grading": attempt("", lambda: __import__("grading.rubric") and "allowed"),
+        "import harness": attempt("", lambda: __import__("fa2_adapters.harness.sandbox") and "allowed"),
+        "read rubric": attempt("", lambda: open(os.path.join(site, "grading", "rubric.yaml")).read() and "allowed"),
+        "list reference": attempt("", lambda: os.listdir(os.path.join(site, "reference"))),
+        "list submissions": attempt("", lambda: os.listdir(os.path.join(site, "submissions"))),
+        "list fa2_adapters": attempt("", lambda: os.listdir(os.path.join(site, "fa2_adapters"))),
+        "read wheel metadata": attempt("", lambda: open(os.path.join(site, {metadata!r})).read() and "allowed"),
+    }}
+    raise RuntimeError("REPORT " + json.dumps(out))
+"""
+# Run by the venv's python: one runner of the installed harness, confined as this machine allows.
+GRADE_ONE_CALL = """
+import json, sys, tempfile
+from pathlib import Path
+from fa2_adapters.harness import sandbox
+from fa2_adapters.harness.client import SubmissionRunner
+from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.wire.cases import FlashCase
+
+isolation = sandbox.isolation(tempfile.gettempdir())
+if isolation["mode"] not in ("namespace", "userns"):
+    print(json.dumps(isolation))
+    sys.exit(0)
+runner = SubmissionRunner(load_submission(Path(sys.argv[1])), import_timeout=60)
+case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
+try:
+    reply = runner.call({"op": "flash", "slot": "pytorch", "case": case.to_json(), "seed": 1, "device": "cpu"}, 60)
+finally:
+    runner.close()
+print(json.dumps({**isolation, "status": reply.status, "message": reply.message}))
+"""
+
+
+@pytest.mark.parametrize("sandbox_mode", ["default", "userns"])
+def test_a_runner_of_the_installed_grader_cannot_reach_its_packages(installed, tmp_path, sandbox_mode):
+    """The wheel puts the reference solutions, the oracle and the rubric in site-packages, which the
+    runner's root holds (it is the Python install): in a namespace they are empty folders there."""
+    site = Path(subprocess.run([str(installed), "-P", "-c", "import grading; print(grading.__path__[0])"],
+                               capture_output=True, text=True, cwd=tmp_path, check=True).stdout.strip()).parent
+    (metadata,) = site.glob("fa2_grader-*.dist-info/METADATA")
+    submission = tmp_path / "mallory"
+    (submission / "tests").mkdir(parents=True)
+    (submission / "tests" / "adapters.py").write_text(textwrap.dedent(SNOOPING_ADAPTERS).format(
+        site=str(site), metadata=str(metadata.relative_to(site))))
+    env = {k: v for k, v in os.environ.items() if k != "GRADER_SANDBOX"}
+    if sandbox_mode == "userns":
+        env["GRADER_SANDBOX"] = "userns"
+    proc = subprocess.run([str(installed), "-P", "-c", GRADE_ONE_CALL, str(submission)], cwd=tmp_path, env=env,
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    found = json.loads(proc.stdout.strip().splitlines()[-1])
+    if "status" not in found:
+        pytest.skip(f"no namespace for the runner here ({found['mode']}): {found['note']}")
+    assert found["mode"] == ("userns" if sandbox_mode == "userns" else "namespace"), found
+    assert found["status"] == "error" and "REPORT " in found["message"], found
+    out = json.loads(found["message"].split("REPORT ", 1)[1].splitlines()[0])
+    assert out["read wheel metadata"] == "allowed", out  # site-packages is there: only the grader's folders are empty
+    assert out["import oracle"] == out["import grading"] == out["import harness"] == "ModuleNotFoundError", out
+    assert out["read rubric"] == "FileNotFoundError", out
+    assert out["list reference"] == out["list submissions"] == out["list fa2_adapters"] == [], out
