@@ -47,8 +47,34 @@ def test_other_parts():
         == "distributed"
     assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "distributed"
     assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
+    assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="triton", phase="forward"), set()) \
+        == "memory-triton"
+
+
+def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
+    """Its case is one of the slot's own (the handout's causal fp32 d=64 case at N = 1024), so the
+    slot's reply serves it, and the requirement is graded wherever the slot is."""
+    from tests.grading.matrix import MEMORY_CASE, flash_cases
+
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
-        == "memory-pytorch"
+        == "pytorch"
+    for on_gpu in (False, True):
+        assert MEMORY_CASE in [case for _, case in flash_cases("pytorch", on_gpu)]
+    # N x N is what the check looks for: it must dwarf every tile and every O(N d) tensor
+    assert MEMORY_CASE.n_queries * MEMORY_CASE.n_keys >= 8 * MEMORY_CASE.n_queries * 128
+
+
+def test_memory_checks_go_first_in_their_group():
+    """Collected last, the tiling requirement came after some eighty cases of its runner."""
+    items = [item("test_flash", "test_forward", slot="pytorch", case=CASE),
+             item("test_flash", "test_backward", slot="pytorch", case=CASE),
+             item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"),
+             item("test_flash", "test_forward", slot="triton", case=CASE),
+             item("test_memory", "test_no_score_matrix", slot="pytorch", phase="backward")]
+    group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a"])}
+    ordered = list(items)
+    shards.memory_first(ordered, lambda i: group[id(i)])
+    assert [items.index(i) for i in ordered] == [2, 4, 0, 3, 1]
 
 
 def test_group_names_give_back_their_submission():
@@ -120,3 +146,5 @@ def test_the_sort_survives_pytests_own_reordering(tmp_path):
     modules = [line.split("::")[0].rsplit("/", 1)[-1] for line in out.splitlines() if "::" in line]
     distributed = [m in ("test_distributed.py", "test_fsdp.py") for m in modules]
     assert sum(distributed) > 10 and distributed == sorted(distributed, reverse=True), modules
+    rest = [m for m in modules if m not in ("test_distributed.py", "test_fsdp.py")]
+    assert rest[:4] == ["test_memory.py"] * 4, rest  # then the memory checks (shards.memory_first)
