@@ -58,7 +58,7 @@ def shard_of(item, stubs: set) -> str:
 # H100, the bundled reference, cold / warm Triton cache (notes/grading-speed.md, 2026-11-25):
 # the Triton timing shard 47 / 25 s; the PyTorch slot (79 checks on the CPU) 25 / 24 s; the
 # distributed shard 21 / 22 s; the PyTorch timing shard 19 / 21 s; a Triton shard 18 to 43 /
-# 15 to 21 s; Triton memory 31 / 15 s; PyTorch memory 13 s (since in the PyTorch shard).
+# 15 to 21 s; Triton memory 31 / 15 s; PyTorch memory 13 s (since then part of the PyTorch shard).
 # Triton memory comes second all the same: it runs the Triton slot at 16384x16384, where a slot
 # that is PyTorch tiles in a Python loop took 145 s (the example triton_slot_without_triton). Handed
 # out last, that one shard kept a class of 39 running 120 s after every other worker had finished
