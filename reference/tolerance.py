@@ -25,8 +25,10 @@ apart, each rounded in its dtype, so dP - D there is a few roundings of terms of
 mixes the v_j), not 0. On those elements only the slack is one ulp (2 unit roundoffs) of those
 terms carried to the gradient as the gradient carries dS:
     dq_ic:  scale * sum_j P_ij (|dO_i| . |v_j|) |k_jc|,   dk_jc: scale * sum_i P_ij (|dO_i| . |v_j|) |q_ic|.
-A wrong gradient still fails there: a backward without the causal mask puts the whole
-non-causal dq (of order |dq|, ~0.3 for unit inputs) where the slack is a bf16 ulp of a few.
+In bf16 with unit-normal inputs (d = 64, Nq = 1) that slack is 0.03 on average, 0.14 at most,
+where a correct bf16 backward erred by up to 0.02 and failed ATOL (4e-3); in float32 it is 2^16
+times smaller. A wrong gradient still fails there: a backward that recomputes P without the
+causal mask gave dq errors of 37 to 790 on the same inputs (tests/self/test_precision_policy.py).
 
 The fp32 policy for Triton kernels (TF32)
 -----------------------------------------
