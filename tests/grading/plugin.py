@@ -435,8 +435,8 @@ class GradingPlugin:
             return shards.group_name(name, getattr(item, "grading_shard", "")) if name is not None else None
 
         shards.groups_together(items, group_of)
-        shards.memory_first(items, group_of)
         shards.smallest_case_first(items, group_of)
+        shards.memory_early(items, group_of)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):

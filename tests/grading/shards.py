@@ -88,22 +88,26 @@ def groups_together(items: list, group_of) -> None:
     items[:] = [items[index] for index in order]
 
 
-def memory_first(items: list, group_of) -> None:
-    """Within each group (`group_of(item)`, None for no group), the memory checks go before its
-    other checks, the distributed ones apart (they keep their places, first where a runner holds
-    both: its ranks serve them one after another); the other checks follow in their order.
+def memory_early(items: list, group_of) -> None:
+    """Within each group (`group_of(item)`, None for no group), the memory checks go right after
+    the group's first check of a flash case (its smallest, once smallest_case_first has run), or
+    first where it has none; the distributed checks keep their places (first where a runner holds
+    them: its ranks serve them one after another), the other checks their order.
 
     Collected last (test_memory.py after test_flash.py), the PyTorch slot's "tiled, never N x N"
-    requirement came after some eighty cases: a runner that hung or died on one of them left it
-    failed or ungraded. First, it is settled before anything else can go wrong, and its case's
-    reply then serves that case's flash checks."""
+    requirement came after some eighty cases: a runner that died on one of them left it failed or
+    ungraded. Not first: a class that hangs must time out on the smallest case, not on the memory
+    case and then again on every smaller one (SubmissionRunner.call fails larger cases at once)."""
     places = {}
     for index, item in enumerate(items):
         if (group := group_of(item)) is not None and not is_distributed(item):
             places.setdefault(group, []).append(index)
     for indices in places.values():
         members = [items[i] for i in indices]
-        ordered = sorted(members, key=lambda item: not is_memory(item))  # stable
+        memory = [item for item in members if is_memory(item)]
+        rest = [item for item in members if not is_memory(item)]
+        first_case = next((k for k, item in enumerate(rest) if isinstance(case_of(item), FlashCase)), -1)
+        ordered = rest[:first_case + 1] + memory + rest[first_case + 1:]
         for index, item in zip(indices, ordered):
             items[index] = item
 
