@@ -47,7 +47,7 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
     if on_cuda and case.dtype != "float32" and raised(reply, phase):
         twin = dataclasses.replace(case, dtype="float32")
         fp32_reply, _ = run_case(grading, submission, slot, twin, warmup=True)
-        if not raised(fp32_reply, phase) and fp32_reply.ok:
+        if fp32_reply.ok and not raised(fp32_reply, phase):
             error = reply.message if reply.status == "error" else reply.result["backward_error"]["message"]
             note = (f" Measured in float32: in {case.dtype} the {phase} raised {error}, which the {case.dtype} "
                     f"checks of the slot charge already.")
