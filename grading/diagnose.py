@@ -156,9 +156,17 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         return f"{name} is {c:.4g} times the oracle everywhere: a constant factor is wrong."
     if name in ("dq", "dk") and all(n in verdicts for n in ("dq", "dk", "dv")) \
             and not verdicts["dq"].ok and not verdicts["dk"].ok and verdicts["dv"].ok:
-        return ("dq and dk are wrong while dv is right, so the error is in dS = P * (dP - D): D must be "
-                "rowsum(dO * O) over the whole row (or rowsum(P * dP) over all keys), not over one key tile. "
-                "D uses the forward's o: if o is wrong too, fix the forward first.")
+        # "One key tile" only on evidence: a dense backward has no tiles, and with a single key
+        # tile a per-tile D is the whole row's.
+        tiles = [t for t in (16, 32, 64, 128) if case.n_keys > t and matches(f"delta-per-tile-{t}")]
+        if tiles:
+            tile = min(tiles, key=lambda t: (got - mistaken(f"delta-per-tile-{t}")[name]).abs().max().item())
+            return (f"dq and dk are wrong while dv is right: they match a D = rowsum(P * dP) taken over one key "
+                    f"tile of {tile} keys. D must be rowsum(dO * O) over the whole row (or rowsum(P * dP) "
+                    f"over all keys).")
+        return ("dq and dk are wrong while dv is right, so the error is in dS = P * (dP - D): check that D is "
+                "rowsum(dO * O) over the whole row and dP = dO V^T. D uses the forward's o: if o is wrong too, "
+                "fix the forward first.")
     if name == "o" and "L" in verdicts and verdicts["L"].ok:
         return ("o is wrong while L is right: the row sums are right but the output accumulator is not. When the "
                 "running max grows, rescale the accumulator by exp(m_old - m_new) as well as l.")

@@ -57,6 +57,21 @@ def backward_unmasked(q, k, v, do, tile: int | None = None) -> dict:
     return {**right, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
 
 
+def delta_per_tile(q, k, v, do, is_causal: bool, tile: int) -> dict:
+    """The right forward, then a backward whose D is rowsum(P * dP) over the keys of the current
+    key tile of `tile` keys only, not over the whole row (dS_ij = P_ij (dP_ij - D_i of j's tile))."""
+    right = attention_and_grads(q, k, v, do, is_causal)
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    scale = 1 / math.sqrt(q.shape[-1])
+    p = torch.exp(scores(q, k, is_causal) - right["L"][..., None])
+    dp = do @ v.transpose(-1, -2)
+    key_tile = torch.arange(k.shape[-2], device=q.device) // tile
+    per_tile = torch.zeros(*p.shape[:-1], int(key_tile[-1]) + 1, dtype=p.dtype, device=p.device)
+    per_tile.index_add_(-1, key_tile, p * dp)
+    ds = p * (dp - per_tile[..., key_tile])
+    return {**right, "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale}
+
+
 def padded_keys(q, k, v, do, tile: int) -> dict:
     """Non-causal attention over keys zero-padded up to a multiple of `tile`: a kernel whose last
     key tile reads zeros past N_k (boundary_check padding) and never masks them, so every padded
@@ -95,8 +110,8 @@ def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
 
 def oracle_of(mistake: str, inputs: tuple, case) -> dict:
     """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'lse-without-max', 'diagonal-masked',
-    'backward-unmasked', 'backward-unmasked-T', 'heads-flattened', 'padded-keys-T', 'tile-local-T' or
-    'tile-local-T-skip', with T a tile size)."""
+    'backward-unmasked', 'backward-unmasked-T', 'delta-per-tile-T', 'heads-flattened', 'padded-keys-T',
+    'tile-local-T' or 'tile-local-T-skip', with T a tile size)."""
     return {name: t.cpu() for name, t in _compute(mistake, *inputs, case).items()}
 
 
@@ -114,6 +129,8 @@ def _compute(mistake, q, k, v, do, case) -> dict:
     if mistake.startswith("backward-unmasked"):
         tile = mistake.rsplit("-", 1)[1]
         return backward_unmasked(q, k, v, do, int(tile) if tile.isdigit() else None)
+    if mistake.startswith("delta-per-tile-"):
+        return delta_per_tile(q, k, v, do, case.is_causal, int(mistake.rsplit("-", 1)[1]))
     if mistake == "heads-flattened":
         return heads_flattened(q, k, v, do, case.is_causal)
     if mistake.startswith("padded-keys-"):

@@ -522,6 +522,7 @@ class GradingPlugin:
 
         shards.groups_together(items, group_of)
         shards.smallest_case_first(items, group_of)
+        shards.memory_early(items, group_of)
 
     @pytest.hookimpl(tryfirst=True)
     def pytest_runtest_setup(self, item):

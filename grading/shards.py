@@ -13,7 +13,11 @@ So a submission's tests are split into shards that share nothing but the student
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
   ranks from one call to the next (fa2_adapters/runner/ranks.py RankPool), so one spawn serves
   them all where a shard each cost a runner start and a spawn each;
-- timing and memory by slot.
+- timing by slot, and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
+  PyTorch slot's memory check joins the PyTorch shard: it runs on the CPU at MEMORY_CASE, one of
+  the slot's own cases, so the slot's cached reply serves it at no cost, and the "tiled, never
+  N x N" requirement is graded wherever the slot is (a memory shard of its own ran the case a
+  second time in a runner of its own, and went ungraded where that shard did not run).
 
 A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
 would start a runner per shard only to learn that it is not attempted. Without a GPU, without
@@ -38,6 +42,8 @@ def shard_of(item, stubs: set, per_kernel: bool = True) -> str:
     the Triton slot in a shard per kernel (dtype, causal, head dim), else per (dtype, causal)."""
     params = item.callspec.params
     module = item.module.__name__.rsplit(".", 1)[-1]
+    if module == "test_memory" and params["slot"] == "pytorch":
+        return "pytorch"  # its case is one of the slot's own, so the slot's reply serves it
     if module in ("test_timing", "test_memory"):
         return f"{module.removeprefix('test_')}-{params['slot']}"
     if is_distributed(item):
@@ -66,7 +72,7 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
 # H100, the bundled reference, cold / warm Triton cache (notes/grading-speed.md, 2026-11-25):
 # the Triton timing shard 47 / 25 s; the PyTorch slot (79 checks on the CPU) 25 / 24 s; the
 # distributed shard 21 / 22 s; the PyTorch timing shard 19 / 21 s; a Triton shard 18 to 43 /
-# 15 to 21 s; Triton memory 31 / 15 s; PyTorch memory 13 s.
+# 15 to 21 s; Triton memory 31 / 15 s; PyTorch memory 13 s (since then part of the PyTorch shard).
 # Triton memory comes second all the same: it runs the Triton slot at 16384x16384, where a slot
 # that is PyTorch tiles in a Python loop took 145 s (the example triton_slot_without_triton). Handed
 # out last, that one shard kept a class of 39 running 120 s after every other worker had finished
@@ -97,6 +103,34 @@ def groups_together(items: list, group_of) -> None:
         first.setdefault(key, index)
     order = sorted(range(len(items)), key=lambda index: first[keys[index]])  # stable
     items[:] = [items[index] for index in order]
+
+
+def memory_early(items: list, group_of) -> None:
+    """Within each group (`group_of(item)`, None for no group), the memory checks go right after
+    the group's first check of a flash case (its smallest, once smallest_case_first has run), or
+    first where it has none; the distributed checks keep their places (first where a runner holds
+    them: its ranks serve them one after another), the other checks their order.
+
+    Collected last (test_memory.py after test_flash.py), the PyTorch slot's "tiled, never N x N"
+    requirement came after some eighty cases: a runner that died on one of them left it failed or
+    ungraded. Not first: a class that hangs must time out on the smallest case, not on the memory
+    case and then again on every smaller one (SubmissionRunner.call fails larger cases at once)."""
+    places = {}
+    for index, item in enumerate(items):
+        if (group := group_of(item)) is not None and not is_distributed(item):
+            places.setdefault(group, []).append(index)
+    for indices in places.values():
+        members = [items[i] for i in indices]
+        memory = [item for item in members if is_memory(item)]
+        rest = [item for item in members if not is_memory(item)]
+        first_case = next((k for k, item in enumerate(rest) if isinstance(case_of(item), FlashCase)), -1)
+        ordered = rest[:first_case + 1] + memory + rest[first_case + 1:]
+        for index, item in zip(indices, ordered):
+            items[index] = item
+
+
+def is_memory(item) -> bool:
+    return item.module.__name__.rsplit(".", 1)[-1] == "test_memory"
 
 
 def smallest_case_first(items: list, group_of) -> None:

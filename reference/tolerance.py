@@ -16,6 +16,20 @@ whose values reach 2 and more where a bf16 ulp is 2^-6: on an H100 the handout's
 (plain PyTorch under torch.compile) gave dq 8% over the bound without it (bf16, N=1024, causal;
 notes/corpus-class.md), with a mean error half its bound.
 
+Where the oracle and the baseline are both exactly 0, the relative rule knows nothing: plain
+attention gets 0 there by the structure of its softmax backward (query row 0 of a causal case
+sees key 0 alone, P = 1 and dS = P (dP - D) = dP - dP; with Nq = 1 all of dq and dk is such
+rows), not by accuracy. A FlashAttention backward forms D = rowsum(dO o O) and dP = dO V^T
+apart, each rounded in its dtype, so dP - D there is a few roundings of terms of size
+|dO_i| . |v_j| (sum over the head dim of |dO_ic| |v_jc|, which also bounds |D_i| since O_i
+mixes the v_j), not 0. On those elements only the slack is one ulp (2 unit roundoffs) of those
+terms carried to the gradient as the gradient carries dS:
+    dq_ic:  scale * sum_j P_ij (|dO_i| . |v_j|) |k_jc|,   dk_jc: scale * sum_i P_ij (|dO_i| . |v_j|) |q_ic|.
+In bf16 with unit-normal inputs (d = 64, Nq = 1) that slack is 0.03 on average, 0.14 at most,
+where a correct bf16 backward erred by up to 0.02 and failed ATOL (4e-3); in float32 it is 2^16
+times smaller. A wrong gradient still fails there: a backward that recomputes P without the
+causal mask gave dq errors of 37 to 790 on the same inputs (tests/self/test_precision_policy.py).
+
 The fp32 policy for Triton kernels (TF32)
 -----------------------------------------
 On tensor-core GPUs Triton's `tl.dot` multiplies float32 inputs in TF32 by default: each input
@@ -77,10 +91,13 @@ class Verdict:
 
 
 def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: torch.Tensor,
-            factor: float, dtype: torch.dtype, stored: torch.dtype | None = None) -> Verdict:
+            factor: float, dtype: torch.dtype, stored: torch.dtype | None = None,
+            exact_zero_slack: torch.Tensor | None = None) -> Verdict:
     """Judge `actual` against the float64 `oracle`, with `baseline` (plain PyTorch in `dtype`).
     `stored`: the dtype the result is kept in (default `dtype`; float32 for L), whose rounding of
-    the oracle is the floor of the max bound."""
+    the oracle is the floor of the max bound. `exact_zero_slack`: per element, the error allowed
+    where the oracle and the baseline are both exactly 0 (see the module's docstring); an error
+    within it counts as none."""
     atol = ATOL[dtype]
     oracle = oracle.double().cpu()
     actual = actual.detach().double().cpu()
@@ -92,6 +109,9 @@ def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: tor
         return Verdict(False, f"{name} has shape {tuple(actual.shape)}, expected {tuple(oracle.shape)}.",
                        float("inf"), max_bound, float("inf"), mean_bound, (), 0.0, 0.0)
     err = (actual - oracle).abs()
+    if exact_zero_slack is not None:
+        exact = (oracle == 0) & (baseline.detach().double().cpu() == 0)
+        err = torch.where(exact, (err - exact_zero_slack.double().cpu()).clamp(min=0), err)
     bad = ~torch.isfinite(actual)
     if bad.any():
         err = err.masked_fill(bad, float("inf"))
@@ -171,6 +191,35 @@ def expected_attention(q, k, v, do, is_causal: bool) -> tuple[dict, dict]:
             attention_and_grads(q, k, v, do, is_causal, dtype=q.dtype))
 
 
+def exact_zero_slack(name: str, q, k, v, do, is_causal: bool, lse: torch.Tensor, exact: torch.Tensor) -> torch.Tensor:
+    """One ulp, in q's dtype, of the terms of dS carried to dq or dk (`name`), in float64, on the
+    rows of `name` where `exact` (oracle and baseline exactly 0) holds anywhere; 0 elsewhere (the
+    module's docstring). `lse`: the oracle's L, so P = exp(S - L) is the oracle's P. Only those
+    rows are computed: row 0 of each causal case, every row of few."""
+    from .oracle import MASK_FILL
+
+    u = torch.finfo(q.dtype).eps / 2  # unit roundoff
+    q, k, v, do = (t.detach().double().cpu().reshape(-1, *t.shape[-2:]) for t in (q, k, v, do))
+    lse = lse.detach().double().cpu().reshape(q.shape[:2])
+    scale = q.shape[-1] ** -0.5
+    slack = torch.zeros(exact.shape, dtype=torch.float64)
+    b, row = exact.cpu().reshape(-1, *exact.shape[-2:]).any(-1).nonzero(as_tuple=True)
+    if name == "dq":  # rows are queries i: P_ij over every key j
+        s = (k[b] @ q[b, row][..., None]).squeeze(-1) * scale  # (rows, Nk)
+        hidden = (torch.arange(k.shape[1])[None, :] > row[:, None]) & is_causal
+        p = torch.exp(s.masked_fill(hidden, MASK_FILL) - lse[b, row][:, None])
+        terms = p * (v[b].abs() @ do[b, row].abs()[..., None]).squeeze(-1)  # P_ij (|dO_i| . |v_j|)
+        values = (terms[:, None, :] @ k[b].abs()).squeeze(1)
+    else:  # dk: rows are keys j, P_ij over every query i
+        s = (q[b] @ k[b, row][..., None]).squeeze(-1) * scale  # (rows, Nq)
+        hidden = (row[:, None] > torch.arange(q.shape[1])[None, :]) & is_causal
+        p = torch.exp(s.masked_fill(hidden, MASK_FILL) - lse[b])
+        terms = p * (do[b].abs() @ v[b, row].abs()[..., None]).squeeze(-1)
+        values = (terms[:, None, :] @ q[b].abs()).squeeze(1)
+    slack.view(-1, *exact.shape[-2:])[b, row] = 2 * u * scale * values
+    return slack
+
+
 def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None,
                     output_factor: float = OUTPUT_FACTOR, grad_factor: float = GRAD_FACTOR) -> dict:
     """Verdicts for o, L, dq, dk, dv in `got` (those present), against the float64 oracle.
@@ -184,5 +233,10 @@ def judge_attention(got: dict, q, k, v, do, is_causal: bool, expected=None,
             factor = grad_factor if name.startswith("d") else output_factor
             # L is kept in float32 whatever the inputs' dtype (the handout's on-chip statistics)
             stored = torch.float32 if name == "L" else q.dtype
-            verdicts[name] = compare(name, got[name], oracle[name], baseline[name], factor, q.dtype, stored)
+            slack = None
+            exact = (oracle[name] == 0) & (baseline[name] == 0)
+            if name in ("dq", "dk") and bool(exact.any()):
+                slack = exact_zero_slack(name, q, k, v, do, is_causal, oracle["L"], exact)
+            verdicts[name] = compare(name, got[name], oracle[name], baseline[name], factor, q.dtype, stored,
+                                     slack)
     return verdicts

@@ -133,6 +133,27 @@ def cuda_broken(exc: BaseException) -> bool:
     return False
 
 
+# torch.compile(fullgraph=True, dynamic=False) compiles a graph per input shape, and after
+# recompile_limit (8) graphs of one function it raises FailOnRecompileLimitHit: in a runner that
+# serves a slot's ~80 cases every case after the eighth shape failed, where the course runs each
+# test in a fresh process and the case passed. Raised, not reset between cases: on a 2-core CPU 14
+# shapes of a compiled backward took 36 s to compile under a raised limit and 67 s with
+# torch._dynamo.reset() before each (a reset drops inductor's in-memory caches too, and a case
+# seen again compiles again), while a hundred cached graphs of one function added no time to a
+# call beyond the machine's noise (a tenth of a millisecond).
+RECOMPILE_LIMIT = 10_000
+
+
+def allow_recompiles() -> None:
+    """Lift dynamo's recompile limits before a case, where the submission uses torch.compile.
+    Set before every case, since a submission may set them itself; left alone where dynamo was
+    never imported (importing it costs seconds, and nothing is compiled)."""
+    config = sys.modules.get("torch._dynamo.config")
+    if config is not None:
+        config.recompile_limit = max(config.recompile_limit, RECOMPILE_LIMIT)
+        config.accumulated_recompile_limit = max(config.accumulated_recompile_limit, RECOMPILE_LIMIT)
+
+
 def get_function(module, name: str):
     fn = getattr(module, name, None)
     if fn is None:
@@ -163,6 +184,7 @@ class Runner:
         case = FlashCase.from_json(request["case"])
         cls = call_adapter(self.module, FLASH_SLOTS[request["slot"]])
         q, k, v, do = make_inputs(case, request["seed"], request["device"])
+        allow_recompiles()
         if request.get("warmup"):  # compile and autotune outside the measured calls
             try:
                 flash_call.run_flash(cls, q, k, v, do, case.is_causal)

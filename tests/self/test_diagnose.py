@@ -11,7 +11,7 @@ import torch
 from fa2_adapters.harness.discover import defined_functions, load_submission, stub_functions
 from fa2_adapters.wire.cases import FlashCase, make_inputs
 from grading import diagnose, mistakes
-from reference.oracle import attention_and_grads
+from reference.oracle import attention_and_grads, scores
 from reference.tolerance import expected_attention, judge_attention
 
 
@@ -156,3 +156,36 @@ def test_small_constant_lse_offset_is_a_bias_not_a_missing_max():
     q, k, v, do = make_inputs(FULL, seed=7)
     sentence = sentence_for(FULL, {"L": attention_and_grads(q, k, v, do)["L"] + 0.006})[0]
     assert "systematic bias" in sentence and "running max" not in sentence
+
+
+def dense_backward_with_delta(q, k, v, do, is_causal, delta):
+    """A dense backward (no tiles) from the oracle's P, with D = delta(P, dP, o)."""
+    right = attention_and_grads(q, k, v, do, is_causal)
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    p = torch.exp(scores(q, k, is_causal) - right["L"][..., None])
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - delta(p, dp, right["o"]))
+    scale = q.shape[-1] ** -0.5
+    return {"dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale}
+
+
+def test_a_per_tile_delta_is_named_with_its_tile():
+    case = FlashCase(batch=(2,), n_queries=96, n_keys=112, head_dim=32)
+    q, k, v, do = make_inputs(case, seed=7)
+    wrong = mistakes.delta_per_tile(q, k, v, do, False, 32)
+    sentence = sentence_for(case, {"dq": wrong["dq"], "dk": wrong["dk"]})[0]
+    assert "dq and dk are wrong while dv is right: they match a D = rowsum(P * dP) taken over one key tile of " \
+           "32 keys" in sentence, sentence
+
+
+@pytest.mark.parametrize("case", [FlashCase(batch=(2,), n_queries=96, n_keys=112, head_dim=32),
+                                  FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=32)], ids=str)
+def test_a_wrong_delta_without_tiles_blames_no_key_tile(case):
+    """A dense backward has no tiles, and a case of one key tile cannot show a per-tile D: a wrong
+    D there (here the row sum of dO * O without its last head-dim column) is not put on a tile."""
+    q, k, v, do = make_inputs(case, seed=7)
+    wrong = dense_backward_with_delta(q, k, v, do, False, lambda p, dp, o: (do[..., :-1].double() * o[..., :-1])
+                                      .sum(-1, keepdim=True))
+    sentence = sentence_for(case, wrong)[0]
+    assert sentence.startswith("dq and dk are wrong while dv is right, so the error is in dS") and "tile" not in \
+        sentence, sentence

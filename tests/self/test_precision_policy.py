@@ -26,6 +26,7 @@ from reference.tolerance import (
     round_to_tf32,
     tf32_attention_and_grads,
 )
+from grading.mistakes import backward_unmasked
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -196,6 +197,38 @@ def test_max_bound_never_below_the_rounding_of_the_answer_itself():
     L = torch.randn(2, 64, dtype=torch.float64) + 7
     assert not compare("L", L.bfloat16(), L, L.float(), 2.0, torch.bfloat16, torch.float32).ok
     assert compare("L", L.float(), L, L.float(), 2.0, torch.bfloat16, torch.float32).ok
+
+
+def dense_backward_in(dtype, q, k, v, o, do, lse, is_causal):
+    """A correct dense backward: S and P = exp(S - L) in float32, then D = rowsum(dO * O) apart
+    from dP = dO V^T, each rounded in `dtype` (the rest of a bf16 backward without upcasts)."""
+    q, k, v, o, do = (t.to(dtype) for t in (q, k, v, o, do))
+    scale = q.shape[-1] ** -0.5
+    s = q.float() @ k.float().transpose(-1, -2) * scale
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:], dtype=torch.bool).triu(1), -1e6)
+    p = torch.exp(s - lse.float()[..., None]).to(dtype)
+    dp = do @ v.transpose(-1, -2)
+    ds = p * (dp - (do * o).sum(-1, keepdim=True))
+    return {"dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
+
+
+@pytest.mark.parametrize("seed", [1, 2, 9])
+def test_exactly_zero_gradients_get_the_rounding_of_their_terms(seed):
+    """Causal with Nq = 1 (and query row 0 of any causal case): the oracle and plain bf16 attention are
+    exactly 0, so the bound fell to ATOL and a correct bf16 backward failed on rounding alone. The
+    slack there is one ulp of dS's terms; a backward without the causal mask still fails."""
+    q, k, v, do = (t.bfloat16() for t in inputs(1, 239, seed=seed))
+    oracle, baseline = expected_attention(q, k, v, do, True)
+    assert (oracle["dq"] == 0).all() and (baseline["dq"] == 0).all()
+    got = dense_backward_in(torch.bfloat16, q, k, v, oracle["o"], do, oracle["L"], True)
+    without_slack = compare("dq", got["dq"], oracle["dq"], baseline["dq"], 3.0, torch.bfloat16)
+    assert not without_slack.ok, "the case no longer shows the problem: pick inputs where it does"
+    verdicts = judge_attention(got, q, k, v, do, True, (oracle, baseline))
+    assert all(verdict.ok for verdict in verdicts.values()), {n: v.reason for n, v in verdicts.items()}
+    unmasked = backward_unmasked(q, k, v, do)
+    wrong = {n: unmasked[n].to(torch.bfloat16) for n in ("dq", "dk", "dv")}
+    assert not judge_attention(wrong, q, k, v, do, True, (oracle, baseline))["dq"].ok
 
 
 def write_submission(folder: Path, **bug) -> Path:

@@ -56,8 +56,38 @@ def test_other_parts():
         == "distributed"
     assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "distributed"
     assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
+    assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="triton", phase="forward"), set()) \
+        == "memory-triton"
+
+
+def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
+    """Its case is one of the slot's own (the handout's causal fp32 d=64 case at N = 1024), so the
+    slot's reply serves it, and the requirement is graded wherever the slot is."""
+    from grading.matrix import MEMORY_CASE, flash_cases
+
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
-        == "memory-pytorch"
+        == "pytorch"
+    for on_gpu in (False, True):
+        assert MEMORY_CASE in [case for _, case in flash_cases("pytorch", on_gpu)]
+    # N x N is what the check looks for: it must dwarf every tile and every O(N d) tensor
+    assert MEMORY_CASE.n_queries * MEMORY_CASE.n_keys >= 8 * MEMORY_CASE.n_queries * 128
+
+
+def test_memory_checks_go_early_in_their_group():
+    """Collected last, the tiling requirement came after some eighty cases of its runner. Right after
+    the group's smallest case: a class that hangs times out there once, and the memory case fails at
+    once as larger (first, it timed out on the memory case and then again on the smallest)."""
+    small = FlashCase(n_queries=17, n_keys=17)
+    items = [item("test_flash", "test_forward", slot="pytorch", case=small),
+             item("test_flash", "test_backward", slot="pytorch", case=CASE),
+             item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"),
+             item("test_flash", "test_forward", slot="triton", case=CASE),
+             item("test_memory", "test_no_score_matrix", slot="pytorch", phase="backward"),
+             item("test_memory", "test_no_score_matrix", slot="triton", phase="forward")]
+    group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", "c"])}
+    ordered = list(items)
+    shards.memory_early(ordered, lambda i: group[id(i)])
+    assert [items.index(i) for i in ordered] == [0, 2, 4, 3, 1, 5]
 
 
 def test_group_names_give_back_their_submission():
@@ -72,11 +102,11 @@ def test_heaviest_shards_run_first():
     """loadgroup hands out groups in collection order: the longest go first (shards.HEAVY_FIRST),
     Triton memory, whose cost has no bound for a slow Triton slot, first of all, and timing, which
     holds the GPU alone, after the CPU's shards."""
-    names = ["pytorch", "memory-pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch",
-             "timing-triton", "triton", "memory-triton"]
+    names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
+             "memory-triton"]
     ordered = sorted(names, key=shards.cost_rank)
     assert ordered == ["memory-triton", "pytorch", "distributed", "timing-triton", "timing-pytorch",
-                       "triton-bf16-causal-d64", "triton", "memory-pytorch"]
+                       "triton-bf16-causal-d64", "triton"]
 
 
 def test_a_groups_checks_run_together():
@@ -130,3 +160,5 @@ def test_the_sort_survives_pytests_own_reordering(tmp_path):
     modules = [line.split("::")[0].rsplit("/", 1)[-1] for line in out.splitlines() if "::" in line]
     distributed = [m in ("test_distributed.py", "test_fsdp.py") for m in modules]
     assert sum(distributed) > 10 and distributed == sorted(distributed, reverse=True), modules
+    rest = [m for m in modules if m not in ("test_distributed.py", "test_fsdp.py")]
+    assert rest[1:5] == ["test_memory.py"] * 4, rest  # the smallest case, then memory (shards.memory_early)
