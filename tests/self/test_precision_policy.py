@@ -18,6 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from grading.mistakes import backward_unmasked
 from reference.tolerance import (
     compare,
     course_close,
@@ -26,7 +27,6 @@ from reference.tolerance import (
     round_to_tf32,
     tf32_attention_and_grads,
 )
-from grading.mistakes import backward_unmasked
 
 ROOT = Path(__file__).resolve().parents[2]
 
