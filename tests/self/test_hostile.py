@@ -412,6 +412,43 @@ def test_output_is_bounded(runner_for):
     assert on_disk < 1 << 20  # the output never touched the disk
 
 
+def test_outputs_are_judged_as_returned(runner_for):
+    """The forward returns zeros and keeps a thread that writes the right output into them once
+    the backward starts (the backward waits for it): the outputs come back as the forward
+    returned them, so the zeros are judged, while the gradients, computed right, come back too."""
+    runner = runner_for('''
+        o = Dense.forward(ctx, q, k, v, is_causal)
+        returned = torch.zeros_like(o)
+        ctx.backward_started = threading.Event()
+
+        def fix_up():
+            ctx.backward_started.wait()
+            returned.copy_(o)
+
+        ctx.fix_up = threading.Thread(target=fix_up, daemon=True)
+        ctx.fix_up.start()
+        return returned
+    ''', head='''
+        import threading
+
+        dense_backward = Dense.backward
+
+
+        def backward_after_the_fix_up(ctx, do):
+            ctx.backward_started.set()
+            ctx.fix_up.join()
+            return dense_backward(ctx, do)
+
+
+        Dense.backward = staticmethod(backward_after_the_fix_up)
+    ''')
+    for _ in range(3):  # the same every time: nothing here depends on the threads' timing
+        reply = runner.call(REQUEST, timeout=60)
+        assert reply.ok, reply
+        assert torch.equal(reply.tensors["o"], torch.zeros_like(reply.tensors["o"]))
+        assert all(reply.tensors[name].abs().max() > 0 for name in ("dq", "dk", "dv")), reply.tensors
+
+
 def test_what_a_call_printed_is_in_the_log_when_it_returns(runner_for):
     """The runner prints, then replies on another pipe: the log tail read right after the reply
     holds the print (the harness catches up with the output pipe first), every time."""
