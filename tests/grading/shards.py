@@ -44,6 +44,11 @@ def shard_of(item, stubs: set) -> str:
     case = params.get("case")
     if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
         return slot
+    return kernel_shard(case)
+
+
+def kernel_shard(case: FlashCase) -> str:
+    """The Triton shard of a case: what Triton compiles a kernel for."""
     return f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}-d{case.head_dim}"
 
 

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from fa2_adapters.harness.scratch import PROJECT_ROOT
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase
-from tests.grading import shards
+from tests.grading import matrix, shards
 
 
 def item(module: str, name: str, **params):
@@ -49,6 +49,27 @@ def test_other_parts():
     assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
         == "memory-pytorch"
+
+
+def test_every_runner_of_flash_checks_gets_a_second_input():
+    """matrix.replay_cases: a case asked again on a second input in each shard whose runner
+    answers flash checks (one per slot on a CPU, where a submission has one runner), and the same
+    cases whatever the schedule, since they depend on the machine alone."""
+    for on_gpu in (False, True):
+        for slot in FLASH_SLOTS:
+            probed = matrix.replay_cases(slot, on_gpu)
+            cases = [case for _, case in matrix.flash_cases(slot, on_gpu)]
+            assert all(case in cases for _, case in probed)
+            runners = {shards.shard_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
+                       for tier, case in matrix.flash_cases(slot, on_gpu)}
+            if on_gpu:
+                assert {shards.shard_of(item("test_flash", "test_replay", slot=slot, tier=tier, case=case), set())
+                        for tier, case in probed} == runners
+            else:
+                assert len(probed) == 1
+    # a kernel the handout promises is probed on a case the handout promises
+    assert all(tier in matrix.REQUIRED_TIERS for tier, case in matrix.replay_cases("triton", True)
+               if case.head_dim in (16, 32, 64, 128))
 
 
 def test_group_names_give_back_their_submission():
