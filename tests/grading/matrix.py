@@ -77,18 +77,16 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
     """The (tier, case) pairs whose first answer in a runner is followed at once by a second,
     unseen input of the same case (tests/grading/flash_checks.run_case), so that a submission that
     caches its answers by shape, dtype or case is caught in every runner that answers flash checks,
-    however the checks are spread: the slot's first case (the course case), and for the Triton
-    slot on a GPU, where its cases spread over a runner per kernel (tests/grading/shards.py), each
-    kernel's smallest case, one the handout promises where it has one. Fixed by the machine alone,
-    so every schedule probes the same cases: -n 0 and -n 2 grade alike."""
-    cases = flash_cases(slot, on_gpu)
-    if slot != "triton" or not on_gpu:
-        return (cases[0],)
-    kernels = {}
-    for tier, case in cases:
-        kernels.setdefault(kernel_shard(case), []).append((tier, case))
-    return tuple(min(group, key=lambda pair: (pair[0] not in REQUIRED_TIERS, pair[1].work))
-                 for group in kernels.values())
+    however the checks are spread: one case per slot, and for the Triton slot on a GPU, where its
+    cases spread over a runner per kernel (tests/grading/shards.py), one per kernel. Each is the
+    smallest case the handout promises (the smallest of all for a kernel it promises nothing of).
+    Fixed by the machine alone, so every schedule probes the same cases: -n 0 and -n 2 grade alike."""
+    runners = {}
+    for tier, case in flash_cases(slot, on_gpu):
+        runner = kernel_shard(case) if slot == "triton" and on_gpu else slot
+        runners.setdefault(runner, []).append((tier, case))
+    return tuple(min(cases, key=lambda pair: (pair[0] not in REQUIRED_TIERS, pair[1].work))
+                 for cases in runners.values())
 
 
 # The memory checks' shape: at N = 1024 one batch-head's score matrix (1M elements) dwarfs

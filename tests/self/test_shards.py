@@ -67,9 +67,12 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
                         for tier, case in probed} == runners
             else:
                 assert len(probed) == 1
-    # a kernel the handout promises is probed on a case the handout promises
-    assert all(tier in matrix.REQUIRED_TIERS for tier, case in matrix.replay_cases("triton", True)
-               if case.head_dim in (16, 32, 64, 128))
+    # each on the smallest case the handout promises, where its runner has one
+    for slot, on_gpu in (("pytorch", False), ("triton", False), ("triton", True)):
+        assert all(tier in matrix.REQUIRED_TIERS for tier, case in matrix.replay_cases(slot, on_gpu)
+                   if case.head_dim in (16, 32, 64, 128))
+    assert [case.id for _, case in matrix.replay_cases("pytorch", False)] == ["fp32-128x128-d64-full"]  # course
+    assert [case.id for _, case in matrix.replay_cases("triton", False)] == ["fp32-64x64-d16-full"]
 
 
 def test_group_names_give_back_their_submission():
