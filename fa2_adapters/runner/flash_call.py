@@ -29,7 +29,8 @@ def backward(inputs, o, do):
 def as_returned(t):
     """A copy of a tensor the student's code returned, to be judged: made before any more of its
     code runs (the backward, the next call), since a thread of its own could rewrite the returned
-    tensor later. On CUDA, synchronize first: the copy then holds what the call's kernels wrote."""
+    tensor later. On CUDA the copy queues behind the kernels already on the current stream; a
+    caller that synchronizes first (serve.op_flash) copies what every stream had written."""
     return t.detach().clone() if isinstance(t, torch.Tensor) else t
 
 
