@@ -52,6 +52,12 @@ def shard_of(item, stubs: set, per_kernel: bool = True) -> str:
     case = params.get("case")
     if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
         return slot
+    return kernel_shard(case, per_kernel)
+
+
+def kernel_shard(case: FlashCase, per_kernel: bool = True) -> str:
+    """The Triton shard of a case: what Triton compiles a kernel for (dtype, causal flag, head
+    dim), or without `per_kernel` the kernels of one dtype and causal flag."""
     shard = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
     return f"{shard}-d{case.head_dim}" if per_kernel else shard
 

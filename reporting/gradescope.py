@@ -21,7 +21,7 @@ MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a lon
 MAX_CASES = 6  # cases named on one line; the rest are counted
 # How the words of a group's key read in its test's name; any other word reads with "_" as a space.
 WORDS = {"course": "official tests", "handout": "handout shapes", "no_sdpa": "no SDPA", "runs_on_cuda": "runs on CUDA",
-         "uses_triton": "uses Triton"}
+         "uses_triton": "uses Triton", "replay": "no replayed answers"}
 FORMATTING = set("\\`*_[]|~#")  # Markdown that would format a student's text (< > & become entities)
 
 

@@ -21,7 +21,7 @@ from grading.checks.flash_checks import (
     run_case,
     settle,
 )
-from grading.matrix import COURSE_CASE, flash_cases, slot_device
+from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -34,6 +34,8 @@ IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
 HYGIENE = [next(p for p in PARAMS if p[0] == slot and p[1] in ("handout", "bf16") and p[2].dtype == "bfloat16"
                 and p[2].head_dim == 64) for slot in SLOTS]
 IMPLEMENTATION = [next(p for p in PARAMS if p[0] == slot) for slot in SLOTS]
+REPLAY = [(slot, tier, case) for slot in SLOTS for tier, case in replay_cases(slot, torch.cuda.is_available())]
+ANSWERS = ("o", "L", "dq", "dk", "dv")
 
 
 def stored_as(baseline: dict, got: dict) -> dict:
@@ -186,3 +188,46 @@ def test_no_library_attention(grading, submission, check, slot, tier, case):
     if slot == "triton" and not reply.result["forward"]["triton_launches"]:
         c.fail("the Triton slot launched no Triton kernel in its forward.")
     c.ok(f"triton kernels launched: {reply.result['forward']['triton_launches'] or 'none'}")
+
+
+def same_answers(first: dict, second: dict) -> tuple[list, list]:
+    """(the tensors compared, those of them the second input got back unchanged: within 1e-3 of
+    the first's norm, where fresh inputs move every answer by about its own size). A tensor that
+    is constant in the first answer (all zeros, say) is not compared: that is a bug the forward
+    and backward checks judge, not a replay."""
+    compared, same = [], []
+    for name in ANSWERS:
+        a, b = first.get(name), second.get(name)
+        if a is None or b is None or a.shape != b.shape or a.numel() < 2:
+            continue
+        a, b = a.double(), b.double()
+        if not bool(torch.isfinite(a).all()) or a.min() == a.max():
+            continue
+        compared.append(name)
+        if (b - a).norm() <= 1e-3 * a.norm():
+            same.append(name)
+    return compared, same
+
+
+@pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])
+def test_replay(grading, submission, check, slot, tier, case):
+    """A second, unseen input of a case, asked right after the case in the same runner, gets an
+    answer of its own, not the first input's again (answers cached by shape, dtype or case)."""
+    c = check(f"flash_{slot}", "replay", case, "replay")
+    reply, tensors = settle(c, grading, submission, slot, tier, case)
+    if reply is None:
+        return
+    again, again_tensors = run_case(grading, submission, slot, case, second=True)
+    if not again.ok:
+        found = f"raised {again.message}" if again.status == "error" else again.message
+        c.fail(f"a second input of this case, asked right after the first, {found}", again.traceback,
+               outcome=again.status if again.status in ("timeout", "crash") else "error")
+    compared, same = same_answers(tensors, again_tensors)
+    if same:
+        c.fail(f"returned the same {', '.join(same)} for a different input: a second, unseen input of this case, "
+               f"asked right after the first, got the first one's answer back. The answers are cached (by shape, "
+               f"dtype or case), not computed from the inputs: compute every call's answer from its own q, k, v.")
+    if compared:
+        c.ok(f"a second, unseen input of the same case got answers of its own ({', '.join(compared)} compared)")
+    else:
+        c.ok("nothing to compare: no answer varied with its input (the forward and backward checks judge them)")

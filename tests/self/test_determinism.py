@@ -6,7 +6,8 @@ The -n 2 run is test_hostile.py's class session (the `hostile_class_run` fixture
 suite grades anyway; this test grades part of that class again in one process, with the same
 rubric, the same -k selection and the same seed, and compares check by check. The part is a
 small mixed class: the reference (correct), control_buggy (honest and wrong), tamper_replay
-(replays cached outputs: its verdicts depend on the order in which checks run) and
+(replays cached outputs: which of two cases of one shape gets the replay follows the order in
+which a runner answers them, and the replay check's second input must catch it either way) and
 crash_segfault (its runner dies and is restarted).
 """
 import json

@@ -5,7 +5,7 @@ from types import SimpleNamespace
 
 from fa2_adapters.harness.scratch import PROJECT_ROOT
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase
-from grading import shards
+from grading import matrix, shards
 
 
 def item(module: str, name: str, **params):
@@ -88,6 +88,30 @@ def test_memory_checks_go_early_in_their_group():
     ordered = list(items)
     shards.memory_early(ordered, lambda i: group[id(i)])
     assert [items.index(i) for i in ordered] == [0, 2, 4, 3, 1, 5]
+
+
+def test_every_runner_of_flash_checks_gets_a_second_input():
+    """matrix.replay_cases: a case asked again on a second input in each shard whose runner
+    answers flash checks (one per slot on a CPU, where a submission has one runner), and the same
+    cases whatever the schedule, since they depend on the machine alone."""
+    for on_gpu in (False, True):
+        for slot in FLASH_SLOTS:
+            probed = matrix.replay_cases(slot, on_gpu)
+            cases = [case for _, case in matrix.flash_cases(slot, on_gpu)]
+            assert all(case in cases for _, case in probed)
+            runners = {shards.shard_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
+                       for tier, case in matrix.flash_cases(slot, on_gpu)}
+            if on_gpu:
+                assert {shards.shard_of(item("test_flash", "test_replay", slot=slot, tier=tier, case=case), set())
+                        for tier, case in probed} == runners
+            else:
+                assert len(probed) == 1
+    # each on the smallest case the handout promises, where its runner has one
+    for slot, on_gpu in (("pytorch", False), ("triton", False), ("triton", True)):
+        assert all(tier in matrix.REQUIRED_TIERS for tier, case in matrix.replay_cases(slot, on_gpu)
+                   if case.head_dim in (16, 32, 64, 128))
+    assert [case.id for _, case in matrix.replay_cases("pytorch", False)] == ["fp32-128x128-d64-full"]  # course
+    assert [case.id for _, case in matrix.replay_cases("triton", False)] == ["fp32-64x64-d16-full"]
 
 
 def test_group_names_give_back_their_submission():
