@@ -70,9 +70,11 @@ def pytest_load_initial_conftests(early_config, parser, args):
     if not namespace.impl:
         return
     settings = grader_settings()
-    # An xdist worker takes the controller's arguments, settings included: it never starts again.
+    # An xdist worker takes the controller's arguments, `-c settings` included, so it finds its
+    # settings ours. (PYTEST_XDIST_WORKER does not tell a worker: a grading run started from a
+    # test that runs in a worker inherits it, and must still start again.)
     ours = early_config.inipath is not None and early_config.inipath.resolve() == settings
-    if not ours and not os.environ.get("PYTEST_XDIST_WORKER"):
+    if not ours:
         restart_with_own_settings(early_config, settings)
     if not namespace.file_or_dir:
         # The installed checks, as if given on the command line. pytest finds its first

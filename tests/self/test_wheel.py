@@ -25,7 +25,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SHIPPED = ["grading/rubric.yaml", "grading/pytest.ini", "reporting/templates/class.html.j2",
            "reporting/templates/sort.js", "reference/oracle.py", "submissions/reference/tests/adapters.py",
            "submissions/reference/cs336_systems/flash_pytorch.py", "grading/checks/test_flash.py"]
-FAST = "pytorch and 128x128"  # the PyTorch class's course forward and backward: seconds
+FAST = "pytorch and 128x128"  # the PyTorch class's course forward, backward and replay: seconds
 
 
 # Not copied for the build: output, caches, and what an earlier build left (setuptools' build/lib
@@ -99,10 +99,10 @@ def test_the_installed_grader_grades_from_an_empty_folder(installed, tmp_path):
     assert f"rubric: {site / 'rubric.yaml'}" in out, out[-5000:]
     assert f"rootdir: {folder}" in out and "pytest.ini" in re.search(r"configfile: (\S+)", out)[1]
     collected, selected = map(int, re.search(r"collected (\d+) items / \d+ deselected / (\d+) selected", out).groups())
-    assert collected == checkout_count() and selected == 2
+    assert collected == checkout_count() and selected == 3
     results = json.loads((folder / "reports" / "reference" / "results.json").read_text())
     passed = [t["name"] for t in results["tests"] if t.get("status") == "passed"]
-    assert len(passed) == 2 and all("[fp32-128x128-d64-full]" in name for name in passed), results["output"]
+    assert len(passed) == 3 and all("[fp32-128x128-d64-full]" in name for name in passed), results["output"]
     assert (folder / "reports" / "index.html").is_file() and (folder / "reports" / "grades.csv").is_file()
 
 
