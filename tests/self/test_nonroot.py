@@ -114,9 +114,10 @@ def test_hostile_runner_is_confined(runners, tmp_path):
     secret = tmp_path / "outside-scratch.txt"  # the grader's own temp folder, outside the runner's
     secret.write_text("secret")
     os.chmod(secret, 0o644)
+    project = str(PROJECT_ROOT)
     runner = runners(attempts(f'''
         attempt("read project tests", lambda: open({str(PROJECT_ROOT / "tests/grading/rubric.yaml")!r}).read())
-        attempt("list project", lambda: os.listdir({str(PROJECT_ROOT)!r}))
+        out["project listed"] = sorted(os.listdir({project!r})) if os.path.isdir({project!r}) else None
         attempt("read grader temp file", lambda: open({str(secret)!r}).read())
         attempt("write system folder", lambda: open("/usr/PWNED-userns", "x"))
         attempt("write python install", lambda: open(os.path.join({sys.prefix!r}, "PWNED-userns"), "x"))
@@ -133,9 +134,14 @@ def test_hostile_runner_is_confined(runners, tmp_path):
         raise RuntimeError("REPORT " + json.dumps(out))
     '''))
     out = report(runner.call(REQUEST, timeout=60))
-    denied = ["read project tests", "list project", "read grader temp file", "write system folder",
+    denied = ["read project tests", "read grader temp file", "write system folder",
               "write python install", "write trusted code", "network", "signal every process"]
     assert not [name for name in denied if out[name] == "allowed"], out
+    # A virtual environment in the project (a .venv) is bound at its own path: the project's folder
+    # is there, holding that alone.
+    python_inside = {Path(root).relative_to(PROJECT_ROOT).parts[0] for root in sandbox.root_binds([project])
+                     if sandbox._is_under(root, project)}
+    assert out["project listed"] == (sorted(python_inside) or None), out
     assert out["write own scratch"] == "allowed", out
     assert out["pids"] == [1, 2] and not out["pytest visible"], out  # its init and itself, nothing else
     assert int(out["capabilities"], 16) == 0, out
