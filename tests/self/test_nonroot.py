@@ -6,10 +6,13 @@ Two ways in:
 - in this process, whoever runs it: GRADER_SANDBOX=userns makes `isolation()` try the user
   namespace alone (as root too), so the launcher's "userns" path runs for real here, with the
   grader's uid outside (root's, when the suite runs as root).
-- a real non-root grader: a script run as nobody (setpriv) that starts runners itself. The
-  machine's Python may live under a folder nobody cannot enter (/root, mode 700): the script
-  then runs in a private mount namespace where that folder is a tmpfs holding only the Python
-  install (the host is not changed). Not root: the script runs as this user, as it is.
+- a real non-root grader: a script run as nobody (setpriv) that starts runners itself, with this
+  very Python (a virtual environment's as it is, not the Python it was made from, which may lack
+  torch). That Python, the one a venv was made from, or the project may live under a folder
+  nobody cannot enter (/root, mode 700): the script then runs in a private mount namespace where
+  that folder is a tmpfs holding only them (the host is not changed). Where nobody still cannot
+  import the grader's packages (files not readable by others), the test skips and says what to
+  change. Not root: the script runs as this user, as it is.
 
 What a hostile submission must not manage there: read a file outside its root (the project's
 tests/, a file of the grader's temp folder), write the system folders or the Python install,
@@ -19,8 +22,10 @@ too, without the per-uid kill (which would kill the grader: the runner has the g
 """
 import json
 import os
+import shlex
 import shutil
 import signal
+import site
 import stat
 import subprocess
 import sys
@@ -109,9 +114,10 @@ def test_hostile_runner_is_confined(runners, tmp_path):
     secret = tmp_path / "outside-scratch.txt"  # the grader's own temp folder, outside the runner's
     secret.write_text("secret")
     os.chmod(secret, 0o644)
+    project = str(PROJECT_ROOT)
     runner = runners(attempts(f'''
         attempt("read project tests", lambda: open({str(PROJECT_ROOT / "grading/rubric.yaml")!r}).read())
-        attempt("list project", lambda: os.listdir({str(PROJECT_ROOT)!r}))
+        out["project listed"] = sorted(os.listdir({project!r})) if os.path.isdir({project!r}) else None
         attempt("read grader temp file", lambda: open({str(secret)!r}).read())
         attempt("write system folder", lambda: open("/usr/PWNED-userns", "x"))
         attempt("write python install", lambda: open(os.path.join({sys.prefix!r}, "PWNED-userns"), "x"))
@@ -128,9 +134,14 @@ def test_hostile_runner_is_confined(runners, tmp_path):
         raise RuntimeError("REPORT " + json.dumps(out))
     '''))
     out = report(runner.call(REQUEST, timeout=60))
-    denied = ["read project tests", "list project", "read grader temp file", "write system folder",
+    denied = ["read project tests", "read grader temp file", "write system folder",
               "write python install", "write trusted code", "network", "signal every process"]
     assert not [name for name in denied if out[name] == "allowed"], out
+    # A virtual environment in the project (a .venv) is bound at its own path: the project's folder
+    # is there, holding that alone.
+    python_inside = {Path(root).relative_to(PROJECT_ROOT).parts[0] for root in sandbox.root_binds([project])
+                     if sandbox._is_under(root, project)}
+    assert out["project listed"] == (sorted(python_inside) or None), out
     assert out["write own scratch"] == "allowed", out
     assert out["pids"] == [1, 2] and not out["pytest visible"], out  # its init and itself, nothing else
     assert int(out["capabilities"], 16) == 0, out
@@ -267,36 +278,87 @@ def _blocking_ancestor(path: str) -> str | None:
     return None
 
 
+def _needed_by_a_grader() -> list:
+    """The folders a grader started with this Python reads: the interpreter's (a venv's and the
+    Python it was made from, with their sys.path entries: sandbox.python_roots) and the project's."""
+    roots = {*sandbox.python_roots([]), os.path.realpath(PROJECT_ROOT)}
+    return sorted(r for r in roots if not any(r != o and sandbox._is_under(r, o) for o in roots))
+
+
+def _python_env() -> dict:
+    """Where this Python's sys.path comes from besides its prefix, for another user's process:
+    PYTHONPATH, and the user's site-packages (found by HOME, which differs there) when on sys.path."""
+    env = {"PYTHONPATH": os.environ["PYTHONPATH"]} if os.environ.get("PYTHONPATH") else {}
+    if site.ENABLE_USER_SITE and site.getusersitepackages() in sys.path:
+        env["PYTHONUSERBASE"] = site.getuserbase()
+    return env
+
+
+def _as_nobody_prefix(workdir: Path) -> list:
+    """The command that runs what follows it as nobody. Where a folder a grader needs lies under
+    one nobody cannot enter (a venv or Python under /root, mode 700), it runs in a private mount
+    namespace where that folder is a tmpfs holding only what is needed (the host is not changed)."""
+    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all"]
+    hidden = [(root, _blocking_ancestor(root)) for root in _needed_by_a_grader()]
+    staged = [(root, workdir / "nobody-stage" / str(i)) for i, (root, blocking) in enumerate(hidden) if blocking]
+    if not staged:
+        return drop
+    q = shlex.quote
+    steps = ["set -e", "umask 022"]
+    steps += [f"mkdir -p {q(str(stage))}; mount --rbind {q(root)} {q(str(stage))}" for root, stage in staged]
+    steps += [f"mount -t tmpfs -o mode=755 tmpfs {q(folder)}" for folder in sorted({b for _, b in hidden if b})]
+    steps += [f"mkdir -p {q(root)}; mount --rbind {q(str(stage))} {q(root)}; umount -l {q(str(stage))}"
+              for root, stage in staged]
+    return ["unshare", "--mount", "--propagation", "private", "sh", "-c", "; ".join(steps + ['exec "$@"']), "sh",
+            *drop]
+
+
+# What a grader run as nobody needs besides the standard library and the project's own code.
+NOBODY_PROBE = '''
+import os
+import pytest, torch, xdist, yaml
+for module in (pytest, torch, xdist, yaml):  # an unreadable package's folder imports as an empty namespace
+    assert module.__file__, f"cannot read the {{module.__name__}} package's files in {{list(module.__path__)}}"
+assert os.access({source!r}, os.R_OK), "cannot read the project: " + {source!r}
+print("PROBE OK")
+'''
+_NOBODY_CANNOT = {}  # "why": the probe's answer, once per process: None where nobody can run this Python
+
+
+def _skip_unless_nobody_can_run(prefix: list, workdir: Path, env: dict) -> None:
+    """Skip the calling test, saying why and what to do, where nobody cannot import the grader's
+    packages from this Python or read the project (a venv made with umask 077, say)."""
+    if "why" not in _NOBODY_CANNOT:
+        source = str(PROJECT_ROOT / "fa2_adapters" / "harness" / "client.py")
+        proc = subprocess.run([*prefix, sys.executable, "-c", NOBODY_PROBE.format(source=source)], env=env,
+                              cwd=workdir, capture_output=True, text=True, timeout=180)
+        lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
+        _NOBODY_CANNOT["why"] = None if "PROBE OK" in proc.stdout else lines[-1]
+    why = _NOBODY_CANNOT["why"]
+    if why:
+        pytest.skip(f"user nobody cannot run this Python ({sys.executable}) with the grader's packages and the "
+                    f"project: {why}. A grader of another user reads {', '.join(_needed_by_a_grader())}"
+                    ": make what it cannot read readable by others (chmod -R o+rX on the virtual environment or the "
+                    "project), or make the virtual environment with umask 022")
+
+
 def as_nobody(script: str, workdir: Path, env: dict | None = None,
               timeout: float = 300) -> subprocess.CompletedProcess:
-    """Run `script` with this Python as a user that is not root: nobody, where this is root.
-    `workdir` (its cwd and HOME) must be nobody's to write; `env` adds to its small environment.
-    Skips the calling test where util-linux's tools are missing or nobody cannot read Python."""
-    python = os.path.realpath(sys.executable)
+    """Run `script` with this Python (a venv's as it is) as a user that is not root: nobody, where
+    this is root. `workdir` (its cwd and HOME) must be nobody's to write; `env` adds to its small
+    environment. Skips the calling test, saying why, where util-linux's tools are missing or nobody
+    cannot run this Python with the grader's packages."""
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(workdir), "TMPDIR": "/tmp",
-           "GRADER_MEMORY_LIMIT_GB": "3", **(env or {})}
+           "GRADER_MEMORY_LIMIT_GB": "3", **_python_env(), **(env or {})}
+    command = [sys.executable, "-c", script]
     if os.geteuid() != 0:
-        return subprocess.run([python, "-c", script], env=env, cwd=workdir, capture_output=True, text=True,
-                              timeout=timeout)
+        return subprocess.run(command, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
     for tool in ("setpriv", "unshare", "mount"):
         if not shutil.which(tool):
             pytest.skip(f"{tool} (util-linux) is not installed: cannot run a grader as nobody")
-    prefix = os.path.realpath(sys.base_prefix)
-    if not python.startswith(prefix + "/") or not os.stat(PROJECT_ROOT).st_mode & stat.S_IROTH:
-        pytest.skip("this Python or the project is not readable by nobody, even with its folder opened")
-    drop = ["setpriv", f"--reuid={NOBODY}", f"--regid={NOBODY}", "--clear-groups", "--inh-caps=-all",
-            python, "-c", script]
-    blocking = _blocking_ancestor(prefix)
-    if blocking is None:
-        return subprocess.run(drop, env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
-    # a private mount namespace where `blocking` is a tmpfs holding the Python install alone
-    stage = workdir / "python-stage"
-    stage.mkdir()
-    shell = ('set -e; mount --bind "$1" "$2"; mount -t tmpfs -o mode=755 tmpfs "$3"; mkdir -p "$1"; '
-             'mount --bind "$2" "$1"; umount -l "$2"; shift 3; exec "$@"')
-    return subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell, "sh",
-                           prefix, str(stage), blocking, *drop], env=env, cwd=workdir, capture_output=True,
-                          text=True, timeout=timeout)
+    prefix = _as_nobody_prefix(workdir)
+    _skip_unless_nobody_can_run(prefix, workdir, env)
+    return subprocess.run([*prefix, *command], env=env, cwd=workdir, capture_output=True, text=True, timeout=timeout)
 
 
 def test_a_grader_that_is_not_root(tmp_path):

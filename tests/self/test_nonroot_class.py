@@ -4,8 +4,9 @@ bench/hostile_modes.py grades the whole hostile class twice (root's sandbox mode
 then "userns") and compares check by check; that takes minutes a mode. Here root's side is
 test_hostile.py's class session (the `hostile_class_run` fixture: root's grader the normal way,
 mode "namespace", each runner with a uid of its own), which the suite grades anyway; a grader
-whose process really runs as nobody (test_nonroot.as_nobody: setpriv, in a private mount
-namespace where /root holds only the Python install when this machine's Python lives there)
+whose process really runs as nobody (test_nonroot.as_nobody: setpriv, with this Python, a venv's
+as it is, in a private mount namespace where /root holds only the Python install and the project
+when they live there)
 grades the reference and a few hostile examples of that class again with test_hostile's `grade`
 (its rubric, its -k selection, -n 2) and the class's seed. Its mode is "userns", the only
 confinement an ordinary user's grader gets.
