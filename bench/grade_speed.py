@@ -116,9 +116,9 @@ def runner_starts(reports: Path) -> dict:
     """How many runners started and how long each took to be ready, from the runners' logs
     ("runner ready in X s", fa2_adapters/harness/client.py)."""
     seconds = []
-    for path in reports.glob("*/results.json"):
-        log = json.loads(path.read_text()).get("extra_data", {}).get("runner_log_tail") or ""  # every shard's
-        seconds += [float(m) for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
+    for path in reports.glob("*/info.json"):  # written as checks come in: a run stopped early has them too
+        logs = json.loads(path.read_text()).get("runner_logs") or {}  # each shard's runner's
+        seconds += [float(m) for log in logs.values() for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
     seconds.sort()
     return {"count": len(seconds), "total_s": round(sum(seconds), 1),
             "median_s": seconds[len(seconds) // 2] if seconds else None, "max_s": max(seconds, default=None)}

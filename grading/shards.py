@@ -83,10 +83,10 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
 # that is PyTorch tiles in a Python loop took 145 s (the example triton_slot_without_triton). Handed
 # out last, that one shard kept a class of 39 running 120 s after every other worker had finished
 # (2x H100, notes/grading-speed.md, 2026-11-25, fifth session); handed out early, it overlaps the other shards.
-# Timing comes after the CPU's shards: its measured calls hold the GPU alone (gpu_ledger.py) and
-# its warm-up reserves 19 GiB, so timing shards handed out first to every worker wait on each
-# other with the CPUs idle; later, they wait while the other workers grade the CPU's checks.
-HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "timing-triton", "timing-pytorch", "triton")
+# Timing goes last, a timing phase after the others: its measured calls hold the GPU alone
+# (gpu_ledger.py), which they get only when no other check holds any of it, and its warm-up
+# reserves 19 GiB; handed out first, timing shards kept every worker waiting on the others.
+HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "triton", "timing-triton", "timing-pytorch")
 
 
 def cost_rank(shard: str) -> int:

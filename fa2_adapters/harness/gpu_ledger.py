@@ -9,9 +9,10 @@ ranged from 1.4 to 33 ms with the neighbours' kernels. So GPU memory and GPU tim
   `gpu_budget_bytes`), and runs only when the ledger has room for it; the runner is held to that
   budget (serve.py: torch.cuda.set_per_process_memory_fraction) and gives its cache back after
   each call. A worker's own GPU work (the float64 oracles) reserves too.
-- A timing window takes the GPU alone (`exclusive`): it waits until no reservation is held, and
-  while it waits no new one is admitted, so a stream of small calls cannot starve it. Calls queue
-  in arrival order, so neither can a large reservation be starved by small ones.
+- A timing window takes the GPU alone (`exclusive`): it starts when no reservation is held, and
+  no reservation is admitted while it holds the GPU. Waiting, it holds nothing back, so timing
+  windows fill the GPU's idle moments and the run's end (grading/shards.py hands timing out
+  last). Reservations queue in arrival order, so a large one is not starved by small ones.
 - Calls made inside a window this process holds (the timed calls themselves) pass straight in.
 
 The ledger is one JSON file per GPU that every process sharing the GPU reads and writes under an
@@ -100,26 +101,29 @@ class GpuLedger:
     def _admit(self, state: dict, token: str) -> bool:
         """Whether the queued `token` may hold the GPU now; if so it moves to the holders.
 
-        The queue is served in arrival order: an entry goes when it fits in what the holders and
-        the entries queued before it leave (a small call may pass a large one that it does not
-        delay), and nothing passes a queued window. The first entry also goes when the GPU is
-        empty, however large it is; a window goes only then."""
+        Reservations are served in arrival order: one goes when it fits in what the holders and
+        the reservations queued before it leave (a small call may pass a large one that it does
+        not delay), or, first of them, when the GPU is empty, however large it is. A window goes
+        when the GPU is empty, the windows in arrival order, and holds no place in the queue
+        while it waits: a window that waited for the holders and held back the rest kept the GPU
+        idle while the holders compiled (a reservation spans a whole runner call, Triton's
+        compiling and autotuning included) and stalled every worker behind it (2026-11-26, a
+        corpus run: 19 s of GPU work in 390 s, no Triton check recorded)."""
         holders, waiting = state["holders"], state["waiting"]
         if any(h["exclusive"] for h in holders.values()):
             return False
-        room = self.capacity - sum(h["bytes"] for h in holders.values())
-        for position, (queued, entry) in enumerate(sorted(waiting.items(), key=lambda item: item[1]["since"])):
-            if queued != token:
-                if entry["exclusive"]:
-                    return False
-                room -= entry["bytes"]
-                continue
-            empty = not holders and position == 0
-            if not (empty or (not entry["exclusive"] and entry["bytes"] <= room)):
-                return False
+        queue = sorted(waiting.items(), key=lambda item: item[1]["since"])
+        entry = waiting[token]
+        if entry["exclusive"]:
+            first_window = next(queued for queued, e in queue if e["exclusive"])
+            admitted = not holders and first_window == token
+        else:
+            ahead = [e for queued, e in queue[:[q for q, _ in queue].index(token)] if not e["exclusive"]]
+            room = self.capacity - sum(h["bytes"] for h in holders.values()) - sum(e["bytes"] for e in ahead)
+            admitted = entry["bytes"] <= room or (not holders and not ahead)
+        if admitted:
             holders[token] = {**waiting.pop(token), "since": time.time()}
-            return True
-        return False
+        return admitted
 
     def _hold(self, nbytes: int, exclusive: bool, what: str, say) -> str:
         """Queue, then poll until admitted; the token the holding is known by."""

@@ -58,15 +58,27 @@ def test_reservations_that_fit_run_together_and_one_that_does_not_waits(path):
     assert at(log, "third", "in") >= min(at(log, "first", "out"), at(log, "second", "out"))
 
 
-def test_a_timing_window_waits_for_the_holders_and_holds_the_gpu_alone(path):
+def test_a_timing_window_holds_the_gpu_alone_and_holds_nothing_back_while_it_waits(path):
     log = []
     holder = hold_in_thread(path, log, "holder", 2)
     window = hold_in_thread(path, log, "window", exclusive=True)
-    later = hold_in_thread(path, log, "later", 1)  # queued after the window: it may not pass it
+    later = hold_in_thread(path, log, "later", 1)  # queued after the window: it need not wait for it
     for thread in (holder, window, later):
         thread.join()
-    assert at(log, "window", "in") >= at(log, "holder", "out")
-    assert at(log, "later", "in") >= at(log, "window", "out")
+    window_in, window_out = at(log, "window", "in"), at(log, "window", "out")
+    for other in ("holder", "later"):  # nothing else on the GPU while the window held it
+        assert at(log, other, "out") <= window_in or at(log, other, "in") >= window_out
+    assert at(log, "later", "in") < at(log, "holder", "out")  # ran beside the holder, past the waiting window
+
+
+def test_windows_go_in_arrival_order(path):
+    log = []
+    holder = hold_in_thread(path, log, "holder", 2, seconds=0.3)
+    first = hold_in_thread(path, log, "first window", exclusive=True, seconds=0.3)
+    second = hold_in_thread(path, log, "second window", exclusive=True, seconds=0.3)
+    for thread in (holder, first, second):
+        thread.join()
+    assert at(log, "first window", "out") <= at(log, "second window", "in")
 
 
 def test_a_large_reservation_is_not_starved_by_small_ones(path):

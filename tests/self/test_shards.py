@@ -125,12 +125,12 @@ def test_group_names_give_back_their_submission():
 def test_heaviest_shards_run_first():
     """loadgroup hands out groups in collection order: the longest go first (shards.HEAVY_FIRST),
     Triton memory, whose cost has no bound for a slow Triton slot, first of all, and timing, which
-    holds the GPU alone, after the CPU's shards."""
+    holds the GPU alone, last."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
     ordered = sorted(names, key=shards.cost_rank)
-    assert ordered == ["memory-triton", "pytorch", "distributed", "timing-triton", "timing-pytorch",
-                       "triton-bf16-causal-d64", "triton"]
+    assert ordered == ["memory-triton", "pytorch", "distributed", "triton-bf16-causal-d64", "triton",
+                       "timing-triton", "timing-pytorch"]
 
 
 def test_a_groups_checks_run_together():
