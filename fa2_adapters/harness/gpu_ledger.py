@@ -40,7 +40,7 @@ CONTEXT_BYTES = 3 * GIB // 4
 PROCESSES_PER_WORKER = 2
 MIN_CAPACITY_SHARE = 0.25  # however many workers share it, reservations may use this much of a GPU
 POLL_S = 0.2
-SAY_EVERY_S = 30.0  # a wait longer than this says what it waits for, on stderr
+SAY_EVERY_S = 30.0  # a wait longer than this says what it waits for (to `say`: the runner's log)
 
 
 def capacity_bytes(total_bytes: int, workers_on_gpu: int) -> int:
