@@ -85,8 +85,11 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
         except subprocess.TimeoutExpired:
             status, stopped = None, True
     wall = time.monotonic() - start
+    phases = [line.strip() for line in (out / "pytest.log").read_text(errors="replace").splitlines()
+              if line.strip().startswith("wall clock")]  # the grader's own split (grading/durations.py)
     return {"command": " ".join(command[1:]), "wall_s": round(wall, 1), "status": status, "stopped": stopped,
-            "started": time.time() - wall, **breakdown(reports, time.time() - wall, workers == "0"),
+            "started": time.time() - wall, "phases": phases[-1] if phases else None,
+            **breakdown(reports, time.time() - wall, workers == "0"),
             "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json"),
             "utilization": use.summary()}
 
@@ -188,7 +191,21 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
     for r in records:
         if r.get("outcome") == "import_error":
             import_errors.setdefault(r.get("submission", "?"), (r.get("output") or "")[:300])
+    times = sorted(r["recorded_at"] - started for r in records if r.get("recorded_at"))
+    finished = defaultdict(float)  # submission -> when its last check was recorded, from the start
+    for r in records:
+        if r.get("recorded_at"):
+            finished[r.get("submission", "?")] = max(finished[r.get("submission", "?")], r["recorded_at"] - started)
+    # Each timing window: how long it waited once both sides were warm (for its turn, then for the
+    # kernels in flight), how many runners it paused and how long it measured (test_timing.py).
+    windows = {f"{r.get('submission')}::{r.get('check')}": r["timing"]["window"] for r in records
+               if isinstance(r.get("timing"), dict) and isinstance(r["timing"].get("window"), dict)}
     return {"checks": len(records), "outcomes": dict(outcomes), "clock": "wall" if sequential else "runner",
+            "first_record_s": round(times[0], 1) if times else None,
+            "ninety_percent_s": round(times[int(0.9 * (len(times) - 1))], 1) if times else None,
+            "last_record_s": round(times[-1], 1) if times else None,
+            "finished_s": {k: round(v, 1) for k, v in sorted(finished.items(), key=lambda kv: kv[1])},
+            "windows": windows,
             "out_of_memory": out_of_memory, "grader_errors": grader_errors, "import_errors": import_errors,
             "timing": timing,
             "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
@@ -325,6 +342,8 @@ def print_table(runs: list) -> None:
                   f"at {workers[last]['last']} s, ran (group: first start, last stop, busy s):")
             for group, span in workers[last]["groups"].items():
                 print(f"    {group}: {span}")
+    for r in results:
+        print_phases(r)
     print_timing(results)
     for r in results:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
@@ -335,6 +354,35 @@ def print_table(runs: list) -> None:
         print(f"{r['scenario']}: slowest submissions, seconds ({r['clock']} clock)")
         for name, seconds in list(r["by_submission"].items())[:8]:
             print(f"  {seconds:8.1f}  {name}")
+
+
+def print_phases(r: dict) -> None:
+    """Where the wall clock went: the grader's phases, the share the last 10% of the checks took,
+    when each submission finished, and how long the timing windows waited."""
+    if r.get("phases"):
+        print(f"\n{r['scenario']}: {r['phases']}")
+    if r.get("last_record_s") is not None:
+        tail = r["last_record_s"] - r["ninety_percent_s"]
+        print(f"{r['scenario']}: first check recorded at {r['first_record_s']} s, 90% at {r['ninety_percent_s']} s, "
+              f"the last at {r['last_record_s']} s: the last 10% of the checks took {tail:.0f} s, "
+              f"{tail / r['wall_s']:.0%} of the wall clock ({r['wall_s']} s)")
+    finished = list((r.get("finished_s") or {}).items())
+    if len(finished) > 1:
+        times = [t for _, t in finished]
+        print(f"{r['scenario']}: submissions finished at (s): " + ", ".join(f"{n.split('__')[0]} {t:.0f}"
+                                                                        for n, t in finished))
+        last, before, median = times[-1], times[-2], times[len(times) // 2]
+        print(f"  the last {last - before:.0f} s after the one before it, {last - median:.0f} s after the median")
+    windows = r.get("windows") or {}
+    if windows:
+        waits = sorted(w.get("waited_s", 0) + w.get("in_flight_s", 0) for w in windows.values())
+        p95 = waits[min(len(waits) - 1, int(round(0.95 * (len(waits) - 1))))]
+        print(f"{r['scenario']}: {len(waits)} timing windows; from warm to measuring, seconds: median "
+              f"{waits[len(waits) // 2]:.1f}, 95th percentile {p95:.1f}, max {waits[-1]:.1f}; all: "
+              + " ".join(f"{w:.1f}" for w in waits))
+        for name, w in sorted(windows.items()):
+            print(f"    {name}: waited {w.get('waited_s')} s, in flight {w.get('in_flight_s')} s, "
+                  f"paused {w.get('paused')}, measured {w.get('measured_s')} s")
 
 
 def print_timing(results: list) -> None:

@@ -39,7 +39,7 @@ from pathlib import Path
 from fa2_adapters.harness import sandbox
 from fa2_adapters.harness.discover import Submission
 from fa2_adapters.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
-from fa2_adapters.harness.watchdog import OutputTail, Watchdog, gib, kill_runner
+from fa2_adapters.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
 from fa2_adapters.wire import tensors as wire_tensors
 from fa2_adapters.wire.cases import FlashCase
 from fa2_adapters.wire.channel import Channel, ChannelClosed, ReceiveTimeout
@@ -80,20 +80,21 @@ class GpuCrowded(RuntimeError):
     processes fill the card), never the student's; the plugin records it as a grader error."""
 
 
-def call_on_gpu(ledger, call, request: dict, label: str, note) -> Reply:
-    """`call(request)` with its GPU budget (request["gpu_budget"]) reserved, the runner held to it.
-    An out-of-memory error is the student's only when the budget was what ran out. When the device
-    itself was full (the neighbours' memory), the call runs again with the GPU to itself, and if
-    the device is full even then it is the grader's fault (GpuCrowded), never a crash of the
-    student's."""
-    with ledger.reserve(request["gpu_budget"], label, say=note):
-        reply = call(request)
+def call_on_gpu(ledger, call, request: dict, label: str, note, runner: dict | None = None) -> Reply:
+    """`call(request, holding)` with its GPU budget (request["gpu_budget"]) reserved, the runner held to
+    it; `runner` names its processes, which a timing window may pause meanwhile (gpu_ledger.py), and
+    `holding` says for how long. An out-of-memory error is the student's only when the budget was
+    what ran out. When the device itself was full (the neighbours' memory), the call runs again with
+    the GPU to itself, and if the device is full even then it is the grader's fault (GpuCrowded),
+    never a crash of the student's."""
+    with ledger.reserve(request["gpu_budget"], label, say=note, runner=runner) as holding:
+        reply = call(request, holding)
     if reply.oom != "gpu_full":
         return reply
     note(f"the GPU was full of other processes' memory ({reply.message[:200]}); running the call again with "
          f"the GPU to itself")
-    with ledger.exclusive(label, say=note):
-        reply = call(request)
+    with ledger.alone(label, say=note):
+        reply = call(request, None)
     if reply.oom == "gpu_full":
         raise GpuCrowded(f"the GPU had no room for {gib(request['gpu_budget'])} even with no other check on it: "
                          f"{reply.message[:300]}")
@@ -217,7 +218,7 @@ class SubmissionRunner:
         how = f"process died with {signal_name(code)}" if code < 0 else f"exited with status {code}"
         return Reply("crash", f"{how} {where}")
 
-    def _wait_done(self, phase: str, timeout: float, event: str = "done", what: str = ""):
+    def _wait_done(self, phase: str, timeout: float, event: str = "done", what: str = "", holding=None):
         """Wait for the message `event`, following phase updates. A Reply means failure;
         `what` (the case) goes into its message."""
         deadline = time.monotonic() + timeout
@@ -225,16 +226,23 @@ class SubmissionRunner:
         watchdog = self.watchdog  # stop() drops it if the call fails
         watchdog.busy = True
         try:
-            return self._wait(phase, deadline, timeout, event, what, suffix)
+            return self._wait(phase, deadline, timeout, event, what, suffix, holding)
         finally:
             watchdog.busy = False
 
-    def _wait(self, phase, deadline, timeout, event, what, suffix):
+    def _wait(self, phase, deadline, timeout, event, what, suffix, holding=None):
         self.phases = {}
+        credited = 0.0  # seconds of pause already added to the deadline
         while True:
             try:
                 message = self.channel.receive(timeout=max(0.0, deadline - time.monotonic()))
             except ReceiveTimeout:
+                paused = holding.paused_s() if holding is not None else 0.0
+                if paused > credited:  # a timing window stopped the runner: its time does not count
+                    # (at least a second on: a pause still under way would otherwise poll the ledger in a loop)
+                    deadline = max(deadline + paused - credited, time.monotonic() + 1.0)
+                    credited = paused
+                    continue
                 if self.watchdog.killed_for:  # the watchdog killed it just now
                     return self._died(phase, what)
                 self.stop()
@@ -280,15 +288,22 @@ class SubmissionRunner:
         return FlashCase.from_json(request["case"]).gpu_budget_bytes(self.dense_backward)
 
     def call(self, request: dict, timeout: float, what: str = "") -> Reply:
-        """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu)."""
+        """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu). The runner
+        starts before the reservation: its start (Python, torch, the student's imports) holds no
+        GPU memory back from the others, and a window can then name its processes to pause."""
         budget = self.gpu_budget(request) if self.gpu_ledger is not None else None
         if budget is None:
             return self._call(request, timeout, what)
-        return call_on_gpu(self.gpu_ledger, lambda r: self._call(r, timeout, what), {**request, "gpu_budget": budget},
-                           f"{self.submission.name}: {request['op']} {what}", self.note)
+        if self.import_failure() is not None or self.process is None:
+            return self._call(request, timeout, what)  # the import error, without holding the GPU
+        return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding),
+                           {**request, "gpu_budget": budget}, f"{self.submission.name}: {request['op']} {what}",
+                           self.note, runner=runner_identity(self.process, self.uid))
 
-    def _call(self, request: dict, timeout: float, what: str = "") -> Reply:
+    def _call(self, request: dict, timeout: float, what: str = "", holding=None) -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
+        `holding` (gpu_ledger.Holding) says how long a timing window paused the runner: the
+        call's deadline moves by as much.
 
         A case at least as large as one that already timed out (same op, slot and direction) is
         not run again: it fails at once with that timeout's message, so a submission that hangs
@@ -312,7 +327,7 @@ class SubmissionRunner:
             self.channel.send(request)
         except BrokenPipeError:
             return self._died("setup", what)
-        message = self._wait_done("setup", timeout, what=what)
+        message = self._wait_done("setup", timeout, what=what, holding=holding)
         if isinstance(message, Reply):
             if message.status == "timeout" and size is not None:
                 if not earlier or size < earlier[0]:

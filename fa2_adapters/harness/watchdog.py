@@ -67,6 +67,28 @@ def kill_runner(process, uid: int | None) -> None:
         sandbox.kill_uid(uid)  # and what left the group (setsid, double fork)
 
 
+def runner_identity(process, uid: int | None) -> dict:
+    """What names a runner's processes for another process of the grader (a timing window pauses
+    them, gpu_ledger.py): its process group, its uid if it has its own, its PID namespace if any."""
+    return {"pgid": process.pid, "uid": uid, "pidns": sandbox.pid_namespace(process.pid)}
+
+
+def runner_pids(identity: dict) -> list:
+    """Every process of the runner `identity` names: of its uid, or of its group and PID namespace."""
+    if identity.get("uid") is not None:
+        return sandbox.processes(uid=identity["uid"])
+    return sandbox.processes(pgid=identity["pgid"], pidns=identity.get("pidns"))
+
+
+def signal_runner(identity: dict, sig: int) -> None:
+    """Send `sig` (SIGSTOP, SIGCONT) to every process of a runner; one that has ended is skipped."""
+    for pid in runner_pids(identity):
+        try:
+            os.kill(pid, sig)
+        except OSError:
+            pass
+
+
 class Watchdog:
     """The thread that watches one runner process, from start() until stop(). It owns `log_fd`,
     the read end of the runner's output pipe, and closes it when it ends."""
@@ -140,6 +162,4 @@ class Watchdog:
                 os.close(self.log_fd)
 
     def _pids(self) -> list:
-        if self.uid is not None:
-            return sandbox.processes(uid=self.uid)
-        return sandbox.processes(pgid=self.process.pid, pidns=sandbox.pid_namespace(self.process.pid))
+        return runner_pids(runner_identity(self.process, self.uid))

@@ -4,12 +4,14 @@ Each side runs in its own runner; the harness times the runner call from outside
 runner's 'timed' and 'saving' messages, over inputs rotated through fresh seeds, and judges the
 outputs of the last timed call so that a cached answer fails.
 
-Both sides first compile and autotune at once (one call each, not measured): the grading
-run's other checks share the GPU anyway, and one after the other this was the longest test of a
-submission on an H100 (71 s cold). The measured calls then take turns, call by call: in a class
-run on an H100 the reference's own time ranged from 1.6 to 4.9 ms across submissions as the
-other workers' load came and went, and timed one side after the other, each saw another load.
+Both sides first compile and autotune at once (one call each, not measured): one after the
+other this was the longest test of a submission on an H100 (71 s cold). The measured calls, and
+SDPA's beside them, then run in a window of the GPU's time (gpu_ledger.py): the other runners on
+the GPU are paused, and their kernels already in flight finish first. In a class run on an H100
+without it, SDPA's own time for this case ranged from 1.4 to 33 ms with the neighbours' kernels.
+The two sides still take turns, call by call, so what drift is left weighs on both alike.
 """
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 
@@ -18,6 +20,7 @@ import torch
 
 from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_adapters.harness.discover import load_submission
+from fa2_adapters.harness.gpu_ledger import wait_for_idle_gpu
 from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks.flash_checks import medians_ms, oracle_bytes
 from reference.tolerance import judge_attention
@@ -51,6 +54,13 @@ def judge_timed_outputs(c, grading, reply, case, request, budget):
                                                    v[rows], do[rows], case.is_causal).values() if not v.ok]
     if wrong:
         c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
+
+
+def window_bytes(case) -> int:
+    """The GPU memory a timing window's calls may use beside the runners it pauses (which keep
+    theirs): the student's call's budget, the reference's, and a GiB for SDPA's tensors in this
+    process (a quarter of that at the timing shape: eight tensors of 64 x 4096 x 64 in bf16)."""
+    return case.gpu_budget_bytes(True) + case.gpu_budget_bytes(False) + (1 << 30)
 
 
 def warm_up(runner, request, timeout):
@@ -92,12 +102,14 @@ def test_budget(grading, submission, check, slot):
         reference.import_failure()
         with ThreadPoolExecutor(2) as pool:
             list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
-        # The measured calls and SDPA's hold the GPU alone (gpu_ledger.py): in a class run without
-        # this, SDPA's own time for this case ranged from 1.4 to 33 ms with the neighbours' kernels.
-        with grading.gpu_ledger.exclusive(f"timing {submission.name} {slot}", say=student.note):
+        with grading.gpu_ledger.window(window_bytes(case), f"timing {submission.name} {slot}",
+                                       say=student.note) as window:
+            window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device())
+            started = time.monotonic()
             (student_ms, reply), (reference_ms, ref_reply) = medians_ms((student, reference), request, timeout,
                                                                         budget)
             sdpa_ms = sdpa_median_ms(case, last_seed(request["seed"], budget)) if reply.ok else None
+            window["measured_s"] = time.monotonic() - started
     finally:
         reference.close()
     c.settle_reply(reply)
@@ -105,8 +117,10 @@ def test_budget(grading, submission, check, slot):
     if reference_ms is None:
         c.fail(f"the reference could not be timed here ({ref_reply.message}), so no budget applies.", outcome="error")
     ratio = student_ms / reference_ms
+    # The window's own figures, for bench/grade_speed.py: how long it waited once both sides were
+    # warm, for the kernels in flight, how many runners it paused and how long it measured.
     timing = {"student_ms": student_ms, "reference_ms": reference_ms, "sdpa_ms": sdpa_ms,
-              "ratio": ratio, "budget": budget["ratio"]}
+              "ratio": ratio, "budget": budget["ratio"], "window": {k: round(v, 2) for k, v in window.items()}}
     evidence = (f"student {student_ms:.3f} ms, reference {reference_ms:.3f} ms, SDPA {sdpa_ms:.3f} ms "
                 f"(fwd+bwd, {case.id})")
     if ratio > budget["ratio"]:

@@ -1,11 +1,15 @@
 """A runner call on a shared GPU (client.py call_on_gpu, serve.py out_of_memory), with a fake budget:
 an out-of-memory error is charged to the student only when the call's own budget ran out."""
+import threading
+import time
 from types import SimpleNamespace
 
 import pytest
 
-from fa2_adapters.harness.client import GpuCrowded, Reply, SubmissionRunner, call_on_gpu
+from fa2_adapters.harness.client import PROJECT_ROOT, GpuCrowded, Reply, SubmissionRunner, call_on_gpu
+from fa2_adapters.harness.discover import load_submission
 from fa2_adapters.harness.gpu_ledger import GpuLedger
+from fa2_adapters.harness.watchdog import runner_identity, runner_pids
 from fa2_adapters.runner.serve import out_of_memory
 from fa2_adapters.wire.cases import FlashCase
 
@@ -41,9 +45,9 @@ class FakeCall:
     def __init__(self, ledger, replies):
         self.ledger, self.replies, self.seen = ledger, list(replies), []
 
-    def __call__(self, request):
+    def __call__(self, request, holding):
         holders = self.ledger.holders().values()
-        self.seen.append(("alone" if any(h["exclusive"] for h in holders) else "shared", request["gpu_budget"]))
+        self.seen.append(("alone" if any(h["kind"] == "alone" for h in holders) else "shared", request["gpu_budget"]))
         return self.replies.pop(0)
 
 
@@ -92,3 +96,57 @@ def test_only_flash_calls_on_cuda_have_a_budget_and_only_a_students_has_room_for
     assert SubmissionRunner.gpu_budget(reference, {"op": "time_flash", "device": "cuda", "case": case}) == 3 << 30
     assert SubmissionRunner.gpu_budget(student, {"op": "flash", "device": "cpu", "case": case}) is None
     assert SubmissionRunner.gpu_budget(student, {"op": "distributed", "device": "cuda"}) is None
+
+
+HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
+
+
+def test_a_paused_call_gets_its_pause_back_and_a_hung_one_still_times_out(tmp_path):
+    """A timing window stops the runners of the calls beside it (gpu_ledger.py). The paused time is
+    not the student's: the call's deadline moves by as much. A call that hangs for real still times
+    out once its own time is spent, and the runner's watchdog, running all along, kills nothing."""
+    path = tmp_path / "gpu-all-0.json"
+    runner = SubmissionRunner(load_submission(HANG), env={"TRITON_INTERPRET": "1"})
+    request = {"op": "flash", "slot": "pytorch", "seed": 1, "device": "cpu", "gpu_budget": 1 << 30,
+               "case": FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()}
+    states = []
+
+    def window():
+        while not runner.phases.get("forward"):  # the runner is inside the student's endless loop
+            time.sleep(0.05)
+        with GpuLedger(path, 10 << 30).window(1 << 30, "timing") as held:
+            time.sleep(0.5)
+            states.extend(process_state(pid) for pid in runner_pids(runner_identity(runner.process, runner.uid)))
+            time.sleep(3.5)
+            states.append(held["paused"])
+
+    try:
+        assert runner.import_failure() is None
+        thread = threading.Thread(target=window)
+        thread.start()
+        started = time.monotonic()
+        reply = call_on_gpu(GpuLedger(path, 10 << 30), lambda r, holding: runner._call(r, 3, "16x16", holding),
+                            request, "hang", runner.note, runner=runner_identity(runner.process, runner.uid))
+        elapsed = time.monotonic() - started
+        thread.join()
+    finally:
+        runner.close()
+    assert states and set(states[:-1]) == {"T"} and states[-1] == 1  # every process of the runner stopped
+    assert reply.status == "timeout", reply
+    assert elapsed >= 3 + 3.5  # its 3 s, plus the 4 s it stood still (less the time to enter the loop)
+
+
+def process_state(pid: int) -> str:
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
+def test_distributed_calls_hold_no_reservation_so_no_window_pauses_them():
+    """The distributed checks' ranks talk to each other over gloo with their own timeouts: a window
+    that stopped one rank would stall the others. Only flash calls on CUDA reserve, so only their
+    runners are ever paused."""
+    runner = SimpleNamespace(dense_backward=True)
+    case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()
+    assert SubmissionRunner.gpu_budget(runner, {"op": "distributed", "device": "cuda", "case": case}) is None
+    assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cpu", "case": case}) is None
+    assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cuda", "case": case}) > 0
