@@ -41,6 +41,8 @@ EQUAL = torch.equal
 # Likewise the GPU budget's own calls: a submission that replaced them could not lift its cap.
 SET_MEMORY_FRACTION = torch.cuda.set_per_process_memory_fraction
 EMPTY_CACHE = torch.cuda.empty_cache
+RESET_PEAK = torch.cuda.reset_peak_memory_stats
+MAX_RESERVED = torch.cuda.max_memory_reserved
 
 
 class NotAttempted(Exception):
@@ -108,6 +110,25 @@ def hold_to_budget(request: dict) -> None:
     if budget and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         SET_MEMORY_FRACTION(min(1.0, budget / total))
+
+
+def reset_gpu_peak() -> None:
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:
+            RESET_PEAK()
+        except Exception:
+            pass
+
+
+def gpu_peak() -> int:
+    """The most GPU memory this call's allocations held (0 off the GPU): what a timing window
+    reserves for the timed calls after their warm-up (test_timing.py)."""
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        try:
+            return int(MAX_RESERVED())
+        except Exception:
+            return 0
+    return 0
 
 
 def give_back_gpu_memory() -> None:
@@ -308,6 +329,7 @@ class Runner:
             start = CLOCK()
             try:
                 hold_to_budget(request)
+                reset_gpu_peak()
                 result = op(request)
                 reply = {"event": "done", "status": "ok", "result": result}
             except NotAttempted as exc:
@@ -320,6 +342,7 @@ class Runner:
                     reply.update(oom=oom, restart=True, gpu_budget=request.get("gpu_budget"))
             reply["seconds"] = CLOCK() - start
             reply["tag"] = request.get("tag")
+            reply["gpu_peak"] = gpu_peak()
             give_back_gpu_memory()
             self.channel.send(reply)
 

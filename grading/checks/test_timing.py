@@ -56,11 +56,15 @@ def judge_timed_outputs(c, grading, reply, case, request, budget):
         c.fail("the outputs of the timed calls are wrong, so the time does not count.", "\n".join(wrong))
 
 
-def window_bytes(case) -> int:
-    """The GPU memory a timing window's calls may use beside the runners it pauses (which keep
-    theirs): the student's call's budget, the reference's, and a GiB for SDPA's tensors in this
-    process (a quarter of that at the timing shape: eight tensors of 64 x 4096 x 64 in bf16)."""
-    return case.gpu_budget_bytes(True) + case.gpu_budget_bytes(False) + (1 << 30)
+def window_bytes(case, warm_replies) -> int:
+    """The GPU memory a timing window's calls need beside the runners it pauses (which keep
+    theirs): what each side's warm-up call held at most (at least what a tiled class needs: the
+    runner's word is only a hint), and a GiB for SDPA's tensors in this process (a quarter of that
+    at the timing shape: eight tensors of 64 x 4096 x 64 in bf16). Not the whole budget, room for
+    a dense backward that most classes do not have: with it, 23 GiB of a 47 GiB ledger, windows
+    waited for memory that the runners they paused held."""
+    tiled = case.gpu_budget_bytes(False)
+    return sum(max(reply.gpu_peak, tiled) for reply in warm_replies) + (1 << 30)
 
 
 def warm_up(runner, request, timeout):
@@ -101,8 +105,8 @@ def test_budget(grading, submission, check, slot):
     try:
         reference.import_failure()
         with ThreadPoolExecutor(2) as pool:
-            list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
-        with grading.gpu_ledger.window(window_bytes(case), f"timing {submission.name} {slot}",
+            warm = list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
+        with grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {slot}",
                                        say=student.note) as window:
             window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device())
             started = time.monotonic()

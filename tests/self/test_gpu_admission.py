@@ -81,6 +81,22 @@ def test_a_full_device_is_never_the_students_crash_the_call_runs_again_alone(led
     assert any("running the call again with the GPU to itself" in n for n in notes)
 
 
+def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_only_if_the_device_is_full(ledger):
+    """The budget has room for N x N scores that few classes hold: reserving it whole for every
+    call filled the ledger while the card sat half empty. The runner is still held to the whole
+    budget; only a full device makes the call run again, then with the budget reserved."""
+    held = []
+
+    def call(request, holding):
+        held.append(sum(h["bytes"] for h in ledger.holders().values()))
+        return oom("gpu_full") if len(held) == 1 else Reply("ok")
+
+    notes = []
+    assert call_on_gpu(ledger, call, {"gpu_budget": 8 << 30}, "alice", notes.append, reserve=2 << 30).ok
+    assert held == [2 << 30, 8 << 30]
+    assert any("with 2.0 GiB reserved" in n for n in notes)
+
+
 def test_a_device_full_even_alone_is_the_graders_fault(ledger):
     call = FakeCall(ledger, [oom("gpu_full"), oom("gpu_full")])
     with pytest.raises(GpuCrowded, match="even with no other check on it"):
@@ -126,7 +142,7 @@ def test_a_paused_call_gets_its_pause_back_and_a_hung_one_still_times_out(tmp_pa
         thread.start()
         started = time.monotonic()
         reply = call_on_gpu(GpuLedger(path, 10 << 30), lambda r, holding: runner._call(r, 3, "16x16", holding),
-                            request, "hang", runner.note, runner=runner_identity(runner.process, runner.uid))
+                            request, "hang", runner.note, runner=runner.identity)
         elapsed = time.monotonic() - started
         thread.join()
     finally:
