@@ -4,11 +4,16 @@ spread and capped per GPU, and the queued tail of a group that proves slow share
 The unit tests drive the scheduler with fake workers that behave as xdist's do (xdist/remote.py):
 each runs its tests in the order it got them, starts one only while holding the next (or once shut
 down), and gives up asked-for tests only if all of them are still queued behind those two."""
+import os
+import subprocess
+import sys
 from collections import Counter
+from pathlib import Path
 from types import SimpleNamespace
 
 from grading.scheduler import GradingScheduling, case_of, later_half, spread_timing
 
+ROOT = Path(__file__).resolve().parents[2]
 FLASH = "grading/checks/test_flash.py"
 
 
@@ -265,6 +270,23 @@ def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
     ran_once(scheduler, nodes)
 
 
+def test_a_group_that_timed_out_is_kept_whole(tmp_path):
+    """The controller's plugin marks the group of a check that timed out as not to be split."""
+    from grading.durations import Durations
+    from grading.plugin import GradingPlugin
+    from reporting.record import CheckRecord
+
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
+                             state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None)
+    for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
+        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case="case0", outcome=outcome)
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", "case0", group), when="call", duration=1.0,
+                                 user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
+        GradingPlugin.pytest_runtest_logreport(plugin, report)
+    assert scheduler.whole == {f"alice/{SLOW}"}
+
+
 def test_a_steal_that_came_too_late():
     """The victim had started some of the asked-for tests: it answers with none, they stay there,
     and the idle worker asks again."""
@@ -295,3 +317,31 @@ def test_a_victim_that_dies_with_a_steal_in_flight():
     run(scheduler, [quick, spare], seconds_of, now=30.0)
     done = Counter(index for node in nodes for index in node.ran)
     assert sorted(done) == list(range(len(collection))) and set(done.values()) == {1}
+
+
+# -- a grading run -----------------------------------------------------------------------------
+
+STEAL_AT_ONCE = '''
+import grading.scheduler
+
+grading.scheduler.STEAL_MIN_S = 0.0  # any group with a completed check and a queued one is shared
+'''
+
+
+def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
+    """The reference alone, 12 quick PyTorch checks, `-n 2`: the spare worker takes part of them (the
+    threshold made 0 for the test), every check runs once, and the summary says what was spread."""
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "steal_at_once.py").write_text(STEAL_AT_ONCE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "steal_at_once",
+                           "-n", "2", "--impl=submissions/reference", f"--reports={tmp_path / 'reports'}",
+                           "-k", "pytorch and fp32 and (17x17 or 113x203 or 128x217) and not replay"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "12 passed" in output, output[-4000:]
+    spread = [line for line in output.splitlines() if line.startswith("spread reference: ")]
+    assert len(spread) >= 1 and " of its checks from gw" in spread[0], output[-4000:]
