@@ -3,8 +3,9 @@
 It parametrizes the suite over submissions, keeps one runner per group of checks per worker,
 records each check the moment it finishes, and at the end of the session assembles every
 submission's results.json, builds the HTML reports and prints where the time went. Under xdist
-(`--dist loadgroup`) a group's checks stay on one worker, so its runner starts once; a group is
-one shard of a submission (grading/shards.py), so one submission spreads over workers too.
+(`--dist loadgroup`) a group's checks stay on one worker, so its runner starts once, but for the
+tail of a group that proves slow, which idle workers share (grading/scheduler.py); a group is one
+shard of a submission (grading/shards.py), so one submission spreads over workers too.
 
 Only the controller writes under reports/ (grading/record_store.py says which file is
 whose): workers send what they find on the test reports' user_properties, the check record as
@@ -390,6 +391,7 @@ class GradingPlugin:
         self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
         self._failures_not_shown = False  # controller only: pytest's FAILURES section left to the reports
         self.no_checks = False  # controller only: this session collected no check, so it writes nothing
+        self.scheduler = None  # controller only, under xdist: grading/scheduler.py's, which says what it spread
         if self.is_worker and (probe := config.workerinput.get("isolation_probe")):
             shared_probe.adopt(Path(probe["path"]), probe["question"])
 
@@ -431,6 +433,18 @@ class GradingPlugin:
             shared_probe.start(path, tempfile.gettempdir(), limit)
             self._probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
         node.workerinput["isolation_probe"] = self._probe
+
+    @pytest.hookimpl(optionalhook=True)
+    def pytest_xdist_make_scheduler(self, config, log):
+        """xdist, in the controller: loadgroup's order, with timing groups spread out and capped per
+        GPU, and a group that proves slow shared with idle workers (grading/scheduler.py)."""
+        if self.is_worker or config.getvalue("dist") != "loadgroup":
+            return None
+        from grading.scheduler import GradingScheduling  # xdist's: imported only where xdist runs
+
+        pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
+        self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1)
+        return self.scheduler
 
     def pytest_sessionstart(self, session):
         if self.is_worker:
@@ -621,6 +635,10 @@ class GradingPlugin:
                 self._say(f"{report.nodeid}: failed without a result (worker crash?)")
             return
         record = CheckRecord.from_json(sent_record)
+        # A runner that timed out fails every larger case of its group at once (SubmissionRunner.call):
+        # a thief's runner would not know, and would wait out the timeout again.
+        if record.outcome == "timeout" and self.scheduler is not None and "@" in report.nodeid:
+            self.scheduler.keep_whole(report.nodeid.rsplit("@", 1)[1])
         record_store.write_check(self.state.reports, record)
         self._count_done(record.submission)
 
@@ -737,6 +755,8 @@ class GradingPlugin:
             terminalreporter.write_line(f"{name:30s} {score:7.2f} / {max_score:6.2f}   {output}")
         for line in self.durations.lines():
             terminalreporter.write_line(line)
+        for steal in self.scheduler.steals if self.scheduler is not None else ():
+            terminalreporter.write_line(steal.line())
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
         if self._failures_not_shown:

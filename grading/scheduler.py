@@ -1,0 +1,266 @@
+"""How a class's checks go to xdist workers: loadgroup, with timing spread out and a slow group shared.
+
+xdist's loadgroup gives each group (a submission's shard, grading/shards.py) whole to one worker, in
+collection order. On an H100 with 16 workers and a class of 20 real repos, two things went wrong:
+
+- One slow group held up the class. A Triton kernel that autotunes on every shape spent 1371 s in
+  one shard, and a torch.compile'd PyTorch slot up to 82 s per case, each on one worker, while the
+  others sat idle after their last group. Here, once no group is left to hand out, an idle worker
+  takes the later half of the checks still queued for the group that proves slowest (the mean
+  duration of its completed checks times the checks still queued), when that is at least
+  STEAL_MIN_S. The thief starts a runner of its own for the group (about 9 s of a core, plus the
+  kernels it compiles): results stay right, since every worker computes the replies it lacks, but
+  a group must prove slow before it is split, and what is left must be worth the start.
+- Timing groups (one check each, a few seconds of which hold the GPU alone) went out last, and
+  queued behind each other. Here they are spread through the queue, and at most TIMING_PER_GPU are
+  in progress on one GPU at a time.
+
+The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
+and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
+2 tests queued, the first 2 of a worker's queue are never stolen, and an idle worker that has a test
+and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
+never given a test holds none back: it waits, free, for a group to prove slow.
+"""
+from collections import Counter
+from typing import NamedTuple
+
+from xdist.remote import Producer
+from xdist.scheduler import LoadGroupScheduling
+
+from grading import shards
+
+TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
+STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
+RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and the one it holds next
+
+
+class Steal(NamedTuple):
+    group: str
+    victim: str  # the workers' ids, "gw3"
+    thief: str
+    count: int
+    seconds: float  # the estimate of the victim's queued checks of the group, before the steal
+
+    def line(self) -> str:
+        return (f"spread {self.group}: {self.count} of its checks from {self.victim} to {self.thief} "
+                f"(about {self.seconds:.0f} s left)")
+
+
+class Request(NamedTuple):
+    """The steal in flight: the victim answers with the tests it removed from its queue."""
+    victim: object
+    thief: object
+    key: tuple
+    seconds: float
+
+
+class GradingScheduling(LoadGroupScheduling):
+    """loadgroup's queue and work units, keyed (group, part): part 0 is the group as collected, each
+    steal makes a new part, so a worker may hold two parts of one group and every unit keeps its own
+    tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
+
+    def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
+                 steal_min_s: float | None = None):
+        super().__init__(config, log)
+        self.log = log.gradingsched if log is not None else Producer("gradingsched")
+        self.gpus = max(1, gpus)
+        # Read here, not as defaults: a test session's plugin may change them.
+        self.timing_per_gpu = TIMING_PER_GPU if timing_per_gpu is None else timing_per_gpu
+        self.steal_min_s = STEAL_MIN_S if steal_min_s is None else steal_min_s
+        self.whole = set()  # groups never to split (keep_whole)
+        self.completed = {}  # group -> [seconds, count] of its completed tests
+        self.parts = Counter()  # group -> parts made by steals
+        self.request = None  # the steal in flight, a Request
+        self.steals = []  # Steal, one per steal that moved tests
+        self.position = {}  # nodeid -> its index in the collection (every worker's, checked identical)
+
+    def keep_whole(self, group: str) -> None:
+        """Never split `group` again: after a timeout its runner fails every larger case at once,
+        which a thief's fresh runner would not know, and it would wait out the timeout again."""
+        self.whole.add(group)
+
+    @property
+    def tests_finished(self) -> bool:
+        return super().tests_finished and self.request is None
+
+    # -- handing out groups ------------------------------------------------------------------
+    def schedule(self) -> None:
+        assert self.collection_is_completed
+        if self.collection is not None:  # a worker added later (a crashed one's replacement)
+            for node in self.nodes:
+                self._reschedule(node)
+            return
+        if not self._check_nodes_have_same_collection():
+            self.log("**Different tests collected, aborting run**")
+            return
+        self.collection = list(next(iter(self.registered_collections.values())))
+        if not self.collection:
+            return
+        self.position = {nodeid: index for index, nodeid in enumerate(self.collection)}
+        units = {}
+        for nodeid in self.collection:
+            units.setdefault((self._split_scope(nodeid), 0), {})[nodeid] = False
+        for key in spread_timing(list(units)):
+            self.workqueue[key] = units[key]
+        # Unlike loadscope, workers left without a group stay up: they hold no test back, and may
+        # take part of a group that proves slow.
+        for node in self.nodes:
+            if self.workqueue:
+                self._assign_work_unit(node)
+        for node in self.nodes:
+            self._reschedule(node)
+
+    def _reschedule(self, node) -> None:
+        if not self.workqueue:  # any completion may show a group to be slow: idle workers look again
+            self._share_the_rest()
+        elif not node.shutting_down and self._pending_of(self.assigned_work[node]) <= RUNNING:  # loadscope's mark
+            self._assign_work_unit(node)
+
+    def _assign_work_unit(self, node) -> None:
+        key = self._next_unit(node)
+        unit = self.workqueue.pop(key)
+        self.assigned_work[node][key] = unit
+        node.send_runtest_some([self.position[nodeid] for nodeid, done in unit.items() if not done])
+
+    def _next_unit(self, node):
+        """The queue's first unit, unless it is a timing group and the node's GPU has its fill of
+        them: then the first that is not, if any is left."""
+        first = next(iter(self.workqueue))
+        if not is_timing(first[0]) or self._timing_in_progress(self.gpu_of(node)) < self.timing_per_gpu:
+            return first
+        return next((key for key in self.workqueue if not is_timing(key[0])), first)
+
+    def gpu_of(self, node) -> int:
+        """The GPU of a worker: plugin.Grading.worker_gpu pins workers round-robin by their number."""
+        number = node.gateway.id.removeprefix("gw")
+        return int(number) % self.gpus if number.isdigit() else 0
+
+    def _timing_in_progress(self, gpu: int) -> int:
+        return sum(1 for node, units in self.assigned_work.items() if self.gpu_of(node) == gpu
+                   for key, unit in units.items() if is_timing(key[0]) and not all(unit.values()))
+
+    def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
+        nodeid = self.registered_collections[node][item_index]
+        units = self.assigned_work[node].values()
+        unit = next((u for u in units if u.get(nodeid) is False), None) or next(u for u in units if nodeid in u)
+        unit[nodeid] = True
+        seconds = self.completed.setdefault(self._split_scope(nodeid), [0.0, 0])
+        seconds[0] += duration
+        seconds[1] += 1
+        self._reschedule(node)
+
+    def remove_node(self, node):
+        if self.request is not None and self.request.victim is node:  # a dead worker answers nothing
+            self.request = None
+        return super().remove_node(node)  # a crashed worker's undone units go back to the queue
+
+    # -- sharing a slow group ----------------------------------------------------------------
+    def _share_the_rest(self) -> None:
+        """No group left to hand out: an idle worker steals from the slowest group, if any is
+        worth it; with none, the idle workers that hold a test are shut down, so it runs."""
+        idle = [node for node in self.nodes
+                if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
+        if not idle or self.request is not None:  # one steal at a time; the answer calls again
+            return
+        victim, key, tests, seconds = self._most_worth_stealing()
+        if victim is None:
+            for node in idle:
+                if self._pending_of(self.assigned_work[node]):
+                    node.shutdown()
+            return
+        # A worker that holds a test back first: a steal lets it run that one too.
+        thief = max(idle, key=lambda node: self._pending_of(self.assigned_work[node]))
+        self.request = Request(victim, thief, key, seconds)
+        self.log(f"asking {victim.gateway.id} for {len(tests)} checks of {key[0]} for {thief.gateway.id} "
+                 f"(about {seconds:.0f} s left)")
+        victim.send_steal([self.position[nodeid] for nodeid in tests])
+
+    def _most_worth_stealing(self):
+        """(victim, unit key, tests to steal, seconds left) of the unit whose queued checks are
+        expected to take longest, at least steal_min_s; (None,) * 4 when there is none."""
+        best = (None, None, None, 0.0)
+        for node, units in self.assigned_work.items():
+            pending = [(key, nodeid) for key, unit in units.items() for nodeid, done in unit.items() if not done]
+            queued = pending[RUNNING:]
+            for key in dict.fromkeys(key for key, _ in queued):
+                group = key[0]
+                if group in self.whole or group not in self.completed:  # only a completed check proves anything
+                    continue
+                seconds, count = self.completed[group]
+                mine = [nodeid for k, nodeid in queued if k == key]
+                left = len(mine) * seconds / count
+                if left < self.steal_min_s or (best[0] is not None and left <= best[3]):
+                    continue
+                if tests := later_half(units[key], mine):
+                    best = (node, key, tests, left)
+        return best
+
+    def remove_pending_tests_from_node(self, node, indices) -> None:
+        """The victim's answer: the tests it removed from its queue, or none if some of those asked
+        for had started (xdist/remote.py steal)."""
+        request, self.request = self.request, None
+        if request is None or request.victim is not node or node not in self.assigned_work:
+            return  # the answer of a worker removed since
+        nodeids = [self.registered_collections[node][index] for index in indices]
+        if nodeids:
+            unit = self.assigned_work[node][request.key]
+            for nodeid in nodeids:
+                del unit[nodeid]
+            self.parts[request.key[0]] += 1
+            key = (request.key[0], self.parts[request.key[0]])
+            thief = self._thief(request.thief)
+            if thief is None:  # no idle worker now: the first to ask gets it
+                self.workqueue[key] = dict.fromkeys(nodeids, False)
+                self.workqueue.move_to_end(key, last=False)
+            else:
+                self.assigned_work[thief][key] = dict.fromkeys(nodeids, False)
+                thief.send_runtest_some(indices)
+            steal = Steal(request.key[0], node.gateway.id, thief.gateway.id if thief else "the next free worker",
+                          len(nodeids), request.seconds)
+            self.steals.append(steal)
+            self.log(steal.line())
+        else:
+            self.log(f"{node.gateway.id} had started the checks of {request.key[0]} asked for")
+        for other in self.nodes:
+            self._reschedule(other)
+
+    def _thief(self, chosen):
+        """The worker that asked, if still idle, else another idle worker, else None."""
+        idle = [node for node in self.nodes
+                if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
+        return chosen if chosen in idle else next(iter(idle), None)
+
+
+def later_half(unit: dict, queued: list) -> list:
+    """The later half of a unit's `queued` tests (rounded up), with the checks of their cases that
+    are queued too: forward and backward of a case share one runner call. A case of which a check
+    has run or is running (on the victim, whose runner has the reply) stays whole there."""
+    cases = {case_of(nodeid) for nodeid in queued[len(queued) // 2:]}
+    staying = {case_of(nodeid) for nodeid in unit.keys() - set(queued)}
+    return [nodeid for nodeid in queued if case_of(nodeid) in cases and case_of(nodeid) not in staying]
+
+
+def case_of(nodeid: str) -> str:
+    """What a test shares a runner call with: its parameters without the submission,
+    "grading/checks/test_flash.py::test_forward[alice-pytorch-fp32-17x17-d64-full]@alice"
+    -> "pytorch-fp32-17x17-d64-full"; a test of no parameters but the submission shares nothing."""
+    test, _, group = nodeid.rpartition("@")
+    if nodeid.rfind("@") < nodeid.rfind("]") or "[" not in test:  # no group (an "@" of a parameter's)
+        return nodeid
+    params = test[test.index("[") + 1:test.rindex("]")]
+    case = f"-{params}-".replace(f"-{shards.submission_of_group(group)}-", "-", 1).strip("-")
+    return case or nodeid
+
+
+def is_timing(group: str) -> bool:
+    return group.partition(shards.SEPARATOR)[2].startswith("timing-")
+
+
+def spread_timing(keys: list) -> list:
+    """The unit keys in their order, but for the timing groups', which are spread evenly through
+    the rest: T of them among O others, the j-th at about (j + 0.5) * (O + T) / T."""
+    timing = [key for key in keys if is_timing(key[0])]
+    spread = [key for key in keys if not is_timing(key[0])]
+    for j, key in enumerate(timing):
+        spread.insert(int((j + 0.5) * len(keys) / len(timing)), key)
+    return spread

@@ -1,0 +1,347 @@
+"""The xdist scheduler of a grading run (grading/scheduler.py): loadgroup's order, timing groups
+spread and capped per GPU, and the queued tail of a group that proves slow shared with idle workers.
+
+The unit tests drive the scheduler with fake workers that behave as xdist's do (xdist/remote.py):
+each runs its tests in the order it got them, starts one only while holding the next (or once shut
+down), and gives up asked-for tests only if all of them are still queued behind those two."""
+import os
+import subprocess
+import sys
+from collections import Counter
+from pathlib import Path
+from types import SimpleNamespace
+
+from grading.scheduler import GradingScheduling, case_of, later_half, spread_timing
+
+ROOT = Path(__file__).resolve().parents[2]
+FLASH = "grading/checks/test_flash.py"
+
+
+class Worker:
+    """A fake xdist worker: what the scheduler sends it, and its queue."""
+
+    def __init__(self, number: int, sent: list):
+        self.gateway = SimpleNamespace(id=f"gw{number}")
+        self.shutting_down = False
+        self.queue = []  # indices not yet run; the first is running once `until` is set
+        self.until = None  # when its running test ends
+        self.took = None  # how long it takes
+        self.ran = []
+        self.asked = []  # steal requests not yet answered
+        self._sent = sent  # every worker's sends, in order: (worker id, indices)
+
+    def send_runtest_some(self, indices):
+        self.queue += indices
+        self._sent.append((self.gateway.id, list(indices)))
+
+    def send_steal(self, indices):
+        self.asked.append(list(indices))
+
+    def shutdown(self):
+        self.shutting_down = True
+
+    def answer(self, indices) -> list:
+        """xdist's steal: all the asked-for tests if all are still queued behind the running and the next one."""
+        queued = self.queue[2:] if self.until is not None else self.queue[1:]
+        if not all(i in queued for i in indices):
+            return []
+        self.queue = [i for i in self.queue if i not in indices]
+        return indices
+
+
+def fake_config(workers: int):
+    return SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
+
+
+def nodeid_of(test: str, case: str, group: str, submission: str = "alice") -> str:
+    return f"{FLASH}::{test}[{submission}-{case}]@{submission}/{group}" if group else \
+        f"{FLASH}::{test}[{submission}-{case}]@{submission}"
+
+
+def pairs(group: str, cases: int, submission: str = "alice") -> list:
+    """Forward and backward of `cases` cases of one group, as the plugin orders them."""
+    return [nodeid_of(test, f"case{k}", group, submission)
+            for k in range(cases) for test in ("test_forward", "test_backward")]
+
+
+def timing(submission: str, slot: str = "triton") -> list:
+    return [f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{submission}/timing-{slot}"]
+
+
+def start(collection: list, workers: int, **options):
+    sent = []
+    scheduler = GradingScheduling(fake_config(workers), **options)
+    nodes = [Worker(number, sent) for number in range(workers)]
+    for node in nodes:
+        scheduler.add_node(node)
+    for node in nodes:
+        scheduler.add_node_collection(node, collection)
+    scheduler.schedule()
+    return scheduler, nodes, sent
+
+
+def run(scheduler, nodes, seconds, stop=None, now=0.0) -> float:
+    """Run the class to its end as xdist would, each test taking seconds(nodeid); the time it took.
+    With `stop`, until stop() is true (a steal asked for and not yet answered, say)."""
+    collection = scheduler.collection
+    while True:
+        if stop is not None and stop():
+            return now
+        for node in nodes:
+            while node.asked:
+                scheduler.remove_pending_tests_from_node(node, node.answer(node.asked.pop(0)))
+        for node in nodes:
+            if node.until is None and node.queue and (len(node.queue) >= 2 or node.shutting_down):
+                node.until, node.took = now + seconds(collection[node.queue[0]]), seconds(collection[node.queue[0]])
+        busy = [node for node in nodes if node.until is not None]
+        if not busy:
+            break
+        node = min(busy, key=lambda n: n.until)
+        index, duration = node.queue.pop(0), node.took
+        now, node.until = node.until, None
+        node.ran.append(index)
+        scheduler.mark_test_complete(node, index, duration)
+        if scheduler.tests_finished:  # dsession.triggershutdown
+            for other in scheduler.nodes:
+                other.shutdown()
+    if stop is not None:
+        raise AssertionError("the run ended before stop() was true")
+    for node in nodes:  # each says it has finished (dsession.worker_workerfinished)
+        assert node.shutting_down and not node.queue, (node.gateway.id, node.queue)
+        assert scheduler.remove_node(node) is None
+    return now
+
+
+def ran_once(scheduler, nodes):
+    counts = Counter(index for node in nodes for index in node.ran)
+    assert sorted(counts) == list(range(len(scheduler.collection))) and set(counts.values()) == {1}
+
+
+def groups_sent(scheduler, sent) -> list:
+    return [scheduler._split_scope(scheduler.collection[indices[0]]) for _, indices in sent]
+
+
+# -- order --------------------------------------------------------------------------------------
+
+def test_groups_go_out_in_collection_order():
+    collection = pairs("memory-triton", 2) + pairs("pytorch", 3) + pairs("distributed", 2) + pairs("triton", 2)
+    scheduler, nodes, sent = start(collection, 2)
+    run(scheduler, nodes, lambda nodeid: 1.0)
+    assert groups_sent(scheduler, sent) == ["alice/memory-triton", "alice/pytorch", "alice/distributed",
+                                            "alice/triton"]
+    ran_once(scheduler, nodes)
+    assert scheduler.tests_finished and not scheduler.has_pending and not scheduler.steals
+
+
+def test_timing_groups_are_spread_through_the_queue():
+    keys = [(f"s{k}/pytorch", 0) for k in range(8)] + [(f"s{k}/timing-triton", 0) for k in range(4)]
+    spread = [key[0] for key in spread_timing(keys)]
+    assert [k for k, group in enumerate(spread) if "timing" in group] == [1, 4, 7, 10]  # (j + 0.5) * 12 / 4
+    assert [g for g in spread if "timing" in g] == [f"s{k}/timing-triton" for k in range(4)]  # their own order
+    assert [g for g in spread if "timing" not in g] == [f"s{k}/pytorch" for k in range(8)]
+    assert spread_timing(keys[8:]) == keys[8:]  # nothing else left: in order
+
+
+def test_at_most_timing_per_gpu_timing_groups_in_progress_on_a_gpu():
+    # Two groups and four timing groups (last, as the plugin sorts them): the queue is
+    # s0 timing, s0, s1 timing, s2 timing, s1, s3 timing (spread_timing).
+    collection = pairs("pytorch", 2, "s0") + pairs("pytorch", 2, "s1") + [t for k in range(4) for t in timing(f"s{k}")]
+    scheduler, nodes, sent = start(collection, 6, timing_per_gpu=2)
+    first = {worker: group for (worker, _), group in zip(sent, groups_sent(scheduler, sent))}
+    # gw3 found two timing groups in progress on its GPU, and took the next group that is not one;
+    # gw4 found only timing groups left, and took one all the same
+    assert first == {"gw0": "s0/timing-triton", "gw1": "s0/pytorch", "gw2": "s1/timing-triton",
+                     "gw3": "s1/pytorch", "gw4": "s2/timing-triton", "gw5": "s3/timing-triton"}
+
+    # On two GPUs (workers round-robin, as plugin.Grading.worker_gpu pins them) gw3's GPU has none yet.
+    scheduler, nodes, sent = start(collection, 6, gpus=2, timing_per_gpu=2)
+    first = {worker: group for (worker, _), group in zip(sent, groups_sent(scheduler, sent))}
+    assert first["gw3"] == "s2/timing-triton" and first["gw4"] == "s1/pytorch"
+
+
+def test_a_timing_group_waits_for_its_gpu_while_other_groups_are_left():
+    """Timing 50 s, other checks 1 s, one timing group at a time: the second waits for the first
+    to end, while the workers take the groups behind it."""
+    collection = [t for k in range(3) for t in timing(f"s{k}")]
+    collection = [test for k in range(6) for test in pairs("pytorch", 2, f"p{k}")] + collection
+    scheduler, nodes, sent = start(collection, 3, timing_per_gpu=1)
+    # p0, s0 timing and p1 went out, and p2 to gw1 behind its timing check
+    assert [key[0] for key in scheduler.workqueue] == ["s1/timing-triton", "p3/pytorch", "p4/pytorch",
+                                                       "s2/timing-triton", "p5/pytorch"]
+    over = []
+
+    def seconds(nodeid):
+        if scheduler._timing_in_progress(0) > 1:  # only once nothing else is left
+            over.append(any("timing" not in key[0] for key in scheduler.workqueue))
+        return 50.0 if "timing" in nodeid else 1.0
+
+    run(scheduler, nodes, seconds)
+    order = groups_sent(scheduler, sent)
+    assert order.index("s1/timing-triton") > order.index("p5/pytorch")  # passed by every group behind it
+    assert not any(over)
+    ran_once(scheduler, nodes)
+
+
+# -- sharing a slow group ----------------------------------------------------------------------
+
+SLOW = "triton-bf16-causal"
+
+
+def slow_and_quick():
+    """gw0: a slow group (6 cases, forward and backward, 20 s a check); gw1: a group of 4 checks of 30 s."""
+    return pairs(SLOW, 6) + [nodeid_of("test_forward", f"case{k}", "pytorch", "bob") for k in range(4)]
+
+
+def seconds_of(nodeid):
+    return 20.0 if SLOW in nodeid else 30.0
+
+
+def test_a_slow_groups_tail_is_stolen_by_an_idle_worker_and_completed_there():
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    took = run(scheduler, nodes, seconds_of)
+    # At 90 s gw1 is idle and gw0, four checks done, has six queued behind its two: 120 s. The later
+    # three go, and case 4's forward with its backward.
+    assert tuple(scheduler.steals[0]) == (f"alice/{SLOW}", "gw0", "gw1", 4, 120.0)
+    assert scheduler.steals[0].line() == f"spread alice/{SLOW}: 4 of its checks from gw0 to gw1 (about 120 s left)"
+    stolen = sent[2]
+    assert stolen[0] == "gw1" and [case_of(scheduler.collection[i]) for i in stolen[1]] == ["case4"] * 2 + ["case5"] * 2
+    # At 140 s gw0 is idle in turn, with two of the checks it gave queued on gw1 (40 s): it takes case 5 back.
+    assert [(s.victim, s.thief, s.count) for s in scheduler.steals[1:]] == [("gw1", "gw0", 2)]
+    ran_once(scheduler, nodes)
+    worker_of = {scheduler.collection[i]: node.gateway.id for node in nodes for i in node.ran}
+    for k in range(6):  # forward and backward of a case ran where one runner call served both
+        assert len({worker_of[nodeid_of(test, f"case{k}", SLOW)] for test in ("test_forward", "test_backward")}) == 1
+    assert scheduler.tests_finished and not scheduler.has_pending
+    assert took == 200.0  # against 240 s on gw0 alone
+
+
+def test_forward_and_backward_of_a_case_move_together():
+    unit = dict.fromkeys(pairs(SLOW, 4), False)
+    tests = list(unit)
+    # queued behind the two running: case 1 to case 3; the later half (3 of 5) cuts case 2 in two
+    assert later_half(unit, tests[3:]) == tests[4:]
+    assert later_half(unit, tests[2:]) == tests[4:]
+    # case 1's forward is running (the victim has its reply): its backward stays with it
+    assert later_half(unit, tests[3:4]) == []
+    assert case_of(f"{FLASH}::test_forward[bob-smith-pytorch-fp32-17x17-d64-full]@bob-smith/pytorch") \
+        == "pytorch-fp32-17x17-d64-full"
+    assert case_of(f"{FLASH}::test_forward[triton-bf16-113x203-d64-causal-alice]@alice/{SLOW}") \
+        == "triton-bf16-113x203-d64-causal"
+    # a test with no parameter but its submission shares no call with another
+    ddp = "grading/checks/test_distributed.py::test_ddp_bucketing[alice]@alice"
+    assert case_of(ddp) == ddp
+    assert case_of("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"  # no group
+
+
+def test_a_worker_never_given_a_group_waits_to_share_one():
+    """More workers than groups: the spare one stays up (it holds no test back) and takes half of a
+    slow group once it has proved slow."""
+    scheduler, nodes, sent = start(pairs(SLOW, 6), 2)
+    assert not nodes[1].shutting_down and not nodes[1].queue
+    run(scheduler, nodes, seconds_of)
+    assert [(s.victim, s.thief) for s in scheduler.steals][:1] == [("gw0", "gw1")]
+    ran_once(scheduler, nodes)
+
+
+def test_no_steal_before_a_check_of_the_group_has_completed():
+    # the slow group's first check takes 1000 s: when gw1 runs out it has proved nothing
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    run(scheduler, nodes, lambda nodeid: 1000.0 if nodeid == scheduler.collection[0] else seconds_of(nodeid))
+    assert not scheduler.steals and not nodes[1].ran[4:]
+    ran_once(scheduler, nodes)
+
+
+def test_no_steal_from_a_group_kept_whole():
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    scheduler.keep_whole(f"alice/{SLOW}")  # the plugin's call when a check of it timed out
+    run(scheduler, nodes, seconds_of)
+    assert not scheduler.steals
+    ran_once(scheduler, nodes)
+
+
+def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
+    scheduler, nodes, sent = start(slow_and_quick(), 2, steal_min_s=121)
+    shut = []
+    original = nodes[1].shutdown
+    nodes[1].shutdown = lambda: (shut.append(len(nodes[1].ran)), original())
+    run(scheduler, nodes, seconds_of)
+    assert not scheduler.steals
+    assert shut[0] == 3  # idle at 90 s, its last check held back, nothing worth 121 s: shut down, so it runs
+    ran_once(scheduler, nodes)
+
+
+def test_a_group_that_timed_out_is_kept_whole(tmp_path):
+    """The controller's plugin marks the group of a check that timed out as not to be split."""
+    from grading.durations import Durations
+    from grading.plugin import GradingPlugin
+    from reporting.record import CheckRecord
+
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
+                             state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None)
+    for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
+        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case="case0", outcome=outcome)
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", "case0", group), when="call", duration=1.0,
+                                 user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
+        GradingPlugin.pytest_runtest_logreport(plugin, report)
+    assert scheduler.whole == {f"alice/{SLOW}"}
+
+
+def test_a_steal_that_came_too_late():
+    """The victim had started some of the asked-for tests: it answers with none, they stay there,
+    and the idle worker asks again."""
+    scheduler, nodes, sent = start(slow_and_quick(), 2)
+    victim = nodes[0]
+    now = run(scheduler, nodes, seconds_of, stop=lambda: victim.asked)
+    assert now == 90.0 and not scheduler.tests_finished  # a steal in flight
+    victim.asked.clear()
+    scheduler.remove_pending_tests_from_node(victim, [])
+    assert not scheduler.steals and len(victim.asked) == 1  # asked again at once
+    run(scheduler, nodes, seconds_of, now=now)
+    assert len(scheduler.steals) >= 1
+    ran_once(scheduler, nodes)
+
+
+def test_a_victim_that_dies_with_a_steal_in_flight():
+    """Its undone tests go back to the queue (loadscope), its late answer changes nothing, and
+    another worker runs them."""
+    collection = slow_and_quick() + pairs("pytorch", 1, "carol")
+    scheduler, nodes, sent = start(collection, 3)
+    victim, quick, spare = nodes
+    run(scheduler, nodes, seconds_of, stop=lambda: victim.asked)  # at 30 s, gw2 has run carol's forward
+    assert scheduler.request.thief is spare
+    assert scheduler.remove_node(victim) == collection[1]  # it died running its second check
+    assert scheduler.request is None
+    scheduler.remove_pending_tests_from_node(victim, victim.answer(victim.asked.pop()))
+    assert not scheduler.steals
+    run(scheduler, [quick, spare], seconds_of, now=30.0)
+    done = Counter(index for node in nodes for index in node.ran)
+    assert sorted(done) == list(range(len(collection))) and set(done.values()) == {1}
+
+
+# -- a grading run -----------------------------------------------------------------------------
+
+STEAL_AT_ONCE = '''
+import grading.scheduler
+
+grading.scheduler.STEAL_MIN_S = 0.0  # any group with a completed check and a queued one is shared
+'''
+
+
+def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
+    """The reference alone, 12 quick PyTorch checks, `-n 2`: the spare worker takes part of them (the
+    threshold made 0 for the test), every check runs once, and the summary says what was spread."""
+    folder = tmp_path / "plugin"
+    folder.mkdir()
+    (folder / "steal_at_once.py").write_text(STEAL_AT_ONCE)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
+    env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "steal_at_once",
+                           "-n", "2", "--impl=submissions/reference", f"--reports={tmp_path / 'reports'}",
+                           "-k", "pytorch and fp32 and (17x17 or 113x203 or 128x217) and not replay"],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 0, output[-4000:]
+    assert "12 passed" in output, output[-4000:]
+    spread = [line for line in output.splitlines() if line.startswith("spread reference: ")]
+    assert len(spread) >= 1 and " of its checks from gw" in spread[0], output[-4000:]
