@@ -155,6 +155,7 @@ class Grading:
         self.per_kernel_shards = shards.per_kernel_shards(len(self.submissions), workers)
         self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
+        self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
@@ -273,8 +274,15 @@ class Grading:
             except Exception:
                 pass
 
+    def keep(self, name: str, start) -> SubmissionRunner:
+        """A runner of the grader's own code (`start()` makes it), kept for this process's session:
+        unlike a student's, it outlives the group that first asked for it."""
+        if name not in self._kept:
+            self._kept[name] = start()
+        return self._kept[name]
+
     def close(self):
-        for runner in self._runners.values():
+        for runner in [*self._runners.values(), *self._kept.values()]:
             runner.close()
 
 

@@ -33,13 +33,18 @@ def last_seed(seed, budget):
 
 
 def reference_runner(grading) -> SubmissionRunner:
-    """A runner for the reference solution, timed next to the student's, with the environment
+    """The runner of the reference solution, timed next to the student's, with the environment
     the grading plugin gives the student's runner (Grading.worker_env): the same GPU, so the
-    ratio compares two kernels on one device, and the same thread budget."""
-    reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
-    return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
-                            kept_kernels=grading.kept_kernels(reference.root, "timing"), gpu_ledger=grading.gpu_ledger,
-                            dense_backward=False)
+    ratio compares two kernels on one device, and the same thread budget. One per worker, kept
+    from one timing check to the next (Grading.keep): the reference is the grader's own code, so
+    no student's state can reach it, and a start of its own for each of a class's 40 timing
+    checks cost 9 s of a core each and its kernels' compiling."""
+    def start():
+        reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
+        return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
+                                kept_kernels=grading.kept_kernels(reference.root, "timing"),
+                                gpu_ledger=grading.gpu_ledger, dense_backward=False)
+    return grading.keep("timing reference", start)
 
 
 def judge_timed_outputs(c, grading, reply, case, request, budget):
@@ -102,20 +107,16 @@ def test_budget(grading, submission, check, slot):
     if (failure := student.import_failure()) is not None:
         c.settle_reply(failure)
     reference = reference_runner(grading)
-    try:
-        reference.import_failure()
-        with ThreadPoolExecutor(2) as pool:
-            warm = list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
-        with grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {slot}",
-                                       say=student.note) as window:
-            window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device())
-            started = time.monotonic()
-            (student_ms, reply), (reference_ms, ref_reply) = medians_ms((student, reference), request, timeout,
-                                                                        budget)
-            sdpa_ms = sdpa_median_ms(case, last_seed(request["seed"], budget)) if reply.ok else None
-            window["measured_s"] = time.monotonic() - started
-    finally:
-        reference.close()
+    reference.import_failure()
+    with ThreadPoolExecutor(2) as pool:
+        warm = list(pool.map(lambda runner: warm_up(runner, request, timeout), (student, reference)))
+    with grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {slot}",
+                                   say=student.note) as window:
+        window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device())
+        started = time.monotonic()
+        (student_ms, reply), (reference_ms, ref_reply) = medians_ms((student, reference), request, timeout, budget)
+        sdpa_ms = sdpa_median_ms(case, last_seed(request["seed"], budget)) if reply.ok else None
+        window["measured_s"] = time.monotonic() - started
     c.settle_reply(reply)
     judge_timed_outputs(c, grading, reply, case, request, budget)
     if reference_ms is None:
