@@ -352,8 +352,8 @@ def main() -> None:
     faulthandler.enable()  # a segfault leaves its Python stack in the log
     config = channel.receive()
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
-        from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot
-        ensure_bf16_dot(interpreted=True)
+        from fa2_adapters.runner.triton_interpreter import ensure_bf16
+        ensure_bf16(interpreted=True)
     root = Path(config["root"])
     adapters_file = root / config["adapters_file"]
     os.chdir(root)

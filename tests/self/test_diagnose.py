@@ -15,9 +15,9 @@ from reference.oracle import attention_and_grads, scores
 from reference.tolerance import expected_attention, judge_attention
 
 
-def sentence_for(case, wrong: dict):
+def sentence_for(case, wrong: dict, seed=7):
     """The diagnosis the grader gives when the student's tensors are the oracle's, except `wrong`."""
-    q, k, v, do = make_inputs(case, seed=7)
+    q, k, v, do = make_inputs(case, seed=seed)
     oracle, baseline = expected_attention(q, k, v, do, case.is_causal)
     names = ["o", "L"] if {"o", "L"} & set(wrong) else ["dq", "dk", "dv"]
     tensors = {n: wrong.get(n, oracle[n]).to(torch.float32 if n == "L" else q.dtype) for n in names}
@@ -142,6 +142,22 @@ def test_unmasked_key_padding_is_named_not_a_constant_factor():
     padded = attention_and_grads(q, torch.cat([k, zeros], 1), torch.cat([v, zeros], 1), do)
     sentence = sentence_for(case, {"o": padded["o"], "L": padded["L"]})[0]
     assert "513 keys plus 63 zero keys" in sentence and "constant factor" not in sentence
+
+
+def test_a_rounding_error_is_not_named_padded_keys():
+    """Issue 36: with scores x8 the softmax is one-hot, so zero keys past N_k get no weight and
+    attention over them equals the oracle. An o that failed only its mean bound by rounding (the
+    oracle rounded toward zero to bf16, as the Triton interpreter used to store it; this seed and
+    case are the issue's) was told its last key tile reads past N_k, then, without that, to rescale
+    its accumulator: it is told it is slightly wrong everywhere."""
+    case, seed = FlashCase(batch=(2,), n_queries=32, n_keys=32, head_dim=64, dtype="bfloat16", score_scale=8.0), \
+        1861009893
+    q, k, v, do = make_inputs(case, seed=seed)
+    oracle = attention_and_grads(q, k, v, do)
+    assert torch.equal(mistakes.padded_keys(q, k, v, do, 64)["o"], oracle["o"]), "the padding should change nothing"
+    truncated = (oracle["o"].float().view(torch.int32) & ~0xFFFF).view(torch.float32)
+    sentence = sentence_for(case, {"o": truncated}, seed=seed)[0]
+    assert sentence.startswith("o is slightly wrong almost everywhere: its mean error"), sentence
 
 
 def test_nan_in_the_only_query_row_does_not_blame_the_diagonal():

@@ -7,11 +7,12 @@ Every value is judged against the float64 oracle with the project's tolerance ru
 plain PyTorch in the input dtype as the baseline.
 
 bf16 under the interpreter: Triton's interpreter (seen in 3.9) multiplies bf16 tiles as
-their raw uint16 bit patterns in tl.dot, so bf16 results are garbage on the CPU. A probe
-below detects this and patches the INTERPRETER's dot to upcast bf16 operands to fp32
-(which is what the tensor cores compute: bf16 products are exact in fp32). The kernel
-code is untouched. If the patch cannot be applied the bf16 cases are skipped and fp16
-(which the interpreter handles) still covers the low-precision paths.
+their raw uint16 bit patterns in tl.dot, so bf16 results are garbage on the CPU, and it
+truncates float32 -> bf16 conversions where a GPU rounds to nearest even. Probes below
+detect both and patch the INTERPRETER (fa2_adapters/runner/triton_interpreter.py) to do
+what the GPU does. The kernel code is untouched. If a patch cannot be applied the bf16
+cases are skipped and fp16 (which the interpreter handles) still covers the low-precision
+paths.
 """
 import os
 
@@ -27,9 +28,9 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # bf16 support of the interpreter: probe, and patch the simulator's dot if needed.
-from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot  # noqa: E402
+from fa2_adapters.runner.triton_interpreter import ensure_bf16  # noqa: E402
 
-BF16_SKIP_REASON = ensure_bf16_dot(interpreted=INTERPRET)
+BF16_SKIP_REASON = ensure_bf16(interpreted=INTERPRET)
 
 
 # --------------------------------------------------------------------------------------
