@@ -13,6 +13,7 @@ import re
 import shutil
 import subprocess
 import sys
+import sysconfig
 import textwrap
 import venv
 import zipfile
@@ -58,10 +59,20 @@ def wheel(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="module")
 def installed(wheel, tmp_path_factory) -> Path:
-    """The venv's python, with the wheel installed."""
+    """The venv's python, with the wheel installed, and the packages of the Python running these
+    tests (torch, pytest, ...) importable in it: `system_site_packages` gives a venv its *base*
+    interpreter's packages, which, when these tests run in a venv of their own (a newcomer's
+    `python -m venv .venv`), lack torch, and the installed grader failed with "No module named
+    'torch'" (issue 35). So the running Python's site-packages are named in a .pth file, as plain
+    folders: their own .pth files are not read, so a checkout's editable install of the grader
+    does not follow (the wheel is what is tested)."""
     env = tmp_path_factory.mktemp("venv") / "env"
     venv.EnvBuilder(system_site_packages=True, with_pip=False).create(env)
     python = env / "bin" / "python"
+    site = subprocess.run([str(python), "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+                          capture_output=True, text=True, check=True).stdout.strip()
+    ours = dict.fromkeys(sysconfig.get_paths()[key] for key in ("purelib", "platlib"))
+    Path(site, "outer-python.pth").write_text("".join(f"{folder}\n" for folder in ours))
     proc = subprocess.run([sys.executable, "-m", "pip", "--python", str(python), "install", "-q", "--no-deps",
                            str(wheel)], capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
