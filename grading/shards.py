@@ -83,9 +83,9 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
 # that is PyTorch tiles in a Python loop took 145 s (the example triton_slot_without_triton). Handed
 # out last, that one shard kept a class of 39 running 120 s after every other worker had finished
 # (2x H100, notes/grading-speed.md, 2026-11-25, fifth session); handed out early, it overlaps the other shards.
-# Timing goes last, a timing phase after the others: its measured calls hold the GPU alone
-# (gpu_ledger.py), which they get only when no other check holds any of it, and its warm-up
-# reserves 19 GiB; handed out first, timing shards kept every worker waiting on the others.
+# Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them through the
+# run, a few at a time per GPU: their measured windows pause the others' GPU calls (gpu_ledger.py),
+# and handed out together at the end they queued behind each other.
 HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "triton", "timing-triton", "timing-pytorch")
 
 

@@ -47,7 +47,8 @@ from fa2_adapters.harness.watchdog import signal_runner
 GIB = 1 << 30
 # What each process on a GPU holds outside any reservation: its CUDA context, cuBLAS's workspace,
 # loaded kernels and, in a worker, its cached oracles. A worker brings itself and its student's
-# runner; the reference's runner lives only through a timing check.
+# runner, and once it has graded a timing check the reference's runner too (test_timing.py keeps
+# it): two per worker is an estimate, and the corpus class peaked at 43 GiB of 80 with it.
 CONTEXT_BYTES = 3 * GIB // 4
 PROCESSES_PER_WORKER = 2
 MIN_CAPACITY_SHARE = 0.25  # however many workers share it, reservations may use this much of a GPU
