@@ -134,7 +134,7 @@ def workers_summary(path: Path) -> dict:
     the first test's start; and, for the worker that finished last, its groups in order."""
     if not path.exists():
         return {}
-    rows = json.loads(path.read_text())
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]  # bench/timeline.py
     if not rows:
         return {}
     t0 = min(r["start"] for r in rows)

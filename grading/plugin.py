@@ -451,7 +451,8 @@ class GradingPlugin:
         from grading.scheduler import GradingScheduling  # xdist's: imported only where xdist runs
 
         pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
-        self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1)
+        self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1,
+                                           on_steal=lambda steal: self._say(steal.line()))
         return self.scheduler
 
     def pytest_sessionstart(self, session):
@@ -763,8 +764,6 @@ class GradingPlugin:
             terminalreporter.write_line(f"{name:30s} {score:7.2f} / {max_score:6.2f}   {output}")
         for line in self.durations.lines():
             terminalreporter.write_line(line)
-        for steal in self.scheduler.steals if self.scheduler is not None else ():
-            terminalreporter.write_line(steal.line())
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
         if self._failures_not_shown:

@@ -60,7 +60,7 @@ class GradingScheduling(LoadGroupScheduling):
     tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
-                 steal_min_s: float | None = None):
+                 steal_min_s: float | None = None, on_steal=None):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
@@ -72,6 +72,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.parts = Counter()  # group -> parts made by steals
         self.request = None  # the steal in flight, a Request
         self.steals = []  # Steal, one per steal that moved tests
+        self.on_steal = on_steal  # called with each Steal as it happens (the plugin prints it)
         self.position = {}  # nodeid -> its index in the collection (every worker's, checked identical)
 
     def keep_whole(self, group: str) -> None:
@@ -219,6 +220,8 @@ class GradingScheduling(LoadGroupScheduling):
                           len(nodeids), request.seconds)
             self.steals.append(steal)
             self.log(steal.line())
+            if self.on_steal is not None:
+                self.on_steal(steal)
         else:
             self.log(f"{node.gateway.id} had started the checks of {request.key[0]} asked for")
         for other in self.nodes:
