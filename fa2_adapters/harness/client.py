@@ -276,6 +276,18 @@ class SubmissionRunner:
                 return message
 
     @staticmethod
+    def _family(request: dict) -> tuple:
+        return request.get("op"), request.get("slot"), request.get("backward", True)
+
+    def _after_a_timeout(self, request: dict) -> "Reply | None":
+        """The reply of a case at least as large as one that timed out (same op, slot and
+        direction): it is not run, and fails at once with that timeout's message."""
+        size, earlier = self._case_size(request), self._timed_out.get(self._family(request))
+        if size is not None and earlier and size >= earlier[0]:
+            return Reply("timeout", f"not run: a smaller case already {earlier[1]}")
+        return None
+
+    @staticmethod
     def _case_size(request: dict):
         try:
             return FlashCase.from_json(request["case"]).work
@@ -308,6 +320,8 @@ class SubmissionRunner:
         budget = self.gpu_budget(request) if self.gpu_ledger is not None else None
         if budget is None:
             return self._call(request, timeout, what)
+        if (skipped := self._after_a_timeout(request)) is not None:
+            return skipped  # without starting the runner again that the timeout stopped
         if self.import_failure() is not None or self.process is None:
             return self._call(request, timeout, what)  # the import error, without holding the GPU
         return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding),
@@ -333,10 +347,10 @@ class SubmissionRunner:
             return Reply("import_error", self.submission.problem)
         if self.ready and self.ready.get("import_error"):  # importing again would fail again
             return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
-        size, family = self._case_size(request), (request.get("op"), request.get("slot"), request.get("backward", True))
+        if (skipped := self._after_a_timeout(request)) is not None:
+            return skipped
+        size, family = self._case_size(request), self._family(request)
         earlier = self._timed_out.get(family)
-        if size is not None and earlier and size >= earlier[0]:
-            return Reply("timeout", f"not run: a smaller case already {earlier[1]}")
         if self.process is None:
             ready = self.start()
             if ready.get("import_error"):

@@ -166,3 +166,17 @@ def test_distributed_calls_hold_no_reservation_so_no_window_pauses_them():
     assert SubmissionRunner.gpu_budget(runner, {"op": "distributed", "device": "cuda", "case": case}) is None
     assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cpu", "case": case}) is None
     assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cuda", "case": case}) > 0
+
+
+def test_a_case_past_a_timeout_fails_at_once_without_starting_the_runner_again(ledger):
+    """A timeout stops the runner; the larger cases of its family fail at once with that timeout's
+    message. On a GPU they must do so before the runner would be started for the reservation."""
+    runner = SubmissionRunner.__new__(SubmissionRunner)
+    runner.submission = SimpleNamespace(problem=None, name="alice")
+    runner.gpu_ledger, runner.dense_backward = ledger, True
+    runner.process, runner.ready = None, {}
+    small, large = (FlashCase(batch=(1,), n_queries=n, n_keys=n, head_dim=16) for n in (16, 64))
+    runner._timed_out = {("flash", "triton", True): (small.work, "timed out after 1 s in forward")}
+    runner.start = lambda: pytest.fail("the runner was started for a case that cannot run")
+    reply = runner.call({"op": "flash", "slot": "triton", "device": "cuda", "case": large.to_json()}, 1)
+    assert reply.status == "timeout" and reply.message.startswith("not run: a smaller case already timed out")
