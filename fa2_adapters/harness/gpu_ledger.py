@@ -141,8 +141,9 @@ class GpuLedger:
         the reservations queued before it leave (a small call may pass a large one that it does
         not delay), or, first of them, when the GPU is empty, however large it is. While a window
         waits, the room its calls need comes first, and a reservation that cannot be paused (a
-        worker's own) waits for it. Windows and "alone" go one at a time in arrival order: a
-        window when what holds the GPU can all be paused and its calls' memory fits beside it;
+        worker's own) queued after it waits for it. Windows and "alone" go one at a time in arrival
+        order: a window when what holds the GPU can all be paused, no reservation that cannot be
+        paused is queued before it, and its calls' memory fits beside what holds the GPU;
         "alone" when nothing holds the GPU. Neither holds a place while it waits: "alone" once
         held the rest back and kept the GPU idle while the holders compiled (2026-11-26, a corpus
         run: 19 s of GPU work in 390 s, no Triton check recorded)."""
@@ -151,18 +152,20 @@ class GpuLedger:
             return False
         queue = sorted(waiting.items(), key=lambda item: item[1]["since"])
         entry = waiting[token]
+        before = [queued for queued, _ in queue].index(token)
         held = sum(h["bytes"] for h in holders.values())
         windows = [(queued, e) for queued, e in queue if e["kind"] != SHARED]
         if entry["kind"] == ALONE:
             admitted = not holders and windows[0][0] == token
         elif entry["kind"] == WINDOW:
             pausable = all(h.get("runner") for h in holders.values())
-            admitted = windows[0][0] == token and pausable and (entry["bytes"] <= self.capacity - held or not holders)
+            unpausable_first = any(e["kind"] == SHARED and not e.get("runner") for _, e in queue[:before])
+            admitted = (windows[0][0] == token and pausable and not unpausable_first
+                        and (entry["bytes"] <= self.capacity - held or not holders))
         else:
             waiting_window = next((e for _, e in windows if e["kind"] == WINDOW), None)
-            if waiting_window is not None and not entry.get("runner"):
+            if waiting_window is not None and not entry.get("runner") and waiting_window["since"] < entry["since"]:
                 return False
-            before = [q for q, _ in queue].index(token)
             ahead = [e for _, e in queue[:before] if e["kind"] == SHARED]
             if waiting_window is not None:
                 ahead.append(waiting_window)
