@@ -123,9 +123,9 @@ def test_group_names_give_back_their_submission():
 
 
 def test_heaviest_shards_run_first():
-    """loadgroup hands out groups in collection order: the longest go first (shards.HEAVY_FIRST),
-    Triton memory, whose cost has no bound for a slow Triton slot, first of all, and timing, which
-    holds the GPU alone, last."""
+    """Groups are collected longest first (shards.HEAVY_FIRST), Triton memory, whose cost has no
+    bound for a slow Triton slot, first of all, and timing last; the scheduler hands them out in
+    that order but for the timing groups, which it spreads through the run (test_scheduler.py)."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
     ordered = sorted(names, key=shards.cost_rank)
