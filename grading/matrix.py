@@ -69,24 +69,29 @@ def flash_cases(slot: str, on_gpu: bool) -> list[tuple[str, FlashCase]]:
     return cases
 
 
-REQUIRED_TIERS = ("course", "handout", "causal")
+# The tiers whose checks are requirements (grading/rubric.yaml): for the PyTorch slot the handout
+# asks neither bf16 nor causal masking, so those tiers are advice there.
+REQUIRED_TIERS = {"pytorch": ("course", "handout"), "triton": ("course", "handout", "causal")}
 
 
 @lru_cache(maxsize=None)
 def replay_cases(slot: str, on_gpu: bool) -> tuple:
     """The (tier, case) pairs whose first answer in a runner is followed at once by a second,
     unseen input of the same case (grading/checks/flash_checks.run_case), so that a submission that
-    caches its answers by shape, dtype or case is caught in every runner that answers flash checks,
-    however the checks are spread: one case per slot, and for the Triton slot on a GPU, where its
-    cases spread over a runner per kernel (grading/shards.py), one per kernel. Each is the
-    smallest case the handout promises (the smallest of all for a kernel it promises nothing of).
-    Fixed by the machine alone, so every schedule probes the same cases: -n 0 and -n 2 grade alike."""
+    caches its answers by shape, dtype or case is caught in every runner that answers required
+    flash checks, however the checks are spread: one case per slot, and for the Triton slot on a
+    GPU, where its cases spread over a runner per kernel (grading/shards.py), one per kernel. Each
+    is the smallest case of a required tier in its runner: replay is a requirement, so it is judged
+    only where the handout promises the submission works. A runner with no such case (a kernel of
+    an odd head dim, which only robustness cases use) gets no replay: caching there could win only
+    advice points. Fixed by the machine alone, so every schedule probes the same cases: -n 0 and
+    -n 2 grade alike."""
     runners = {}
     for tier, case in flash_cases(slot, on_gpu):
-        runner = kernel_shard(case) if slot == "triton" and on_gpu else slot
-        runners.setdefault(runner, []).append((tier, case))
-    return tuple(min(cases, key=lambda pair: (pair[0] not in REQUIRED_TIERS, pair[1].work))
-                 for cases in runners.values())
+        if tier in REQUIRED_TIERS[slot]:
+            runner = kernel_shard(case) if slot == "triton" and on_gpu else slot
+            runners.setdefault(runner, []).append((tier, case))
+    return tuple(min(cases, key=lambda pair: pair[1].work) for cases in runners.values())
 
 
 # The memory checks' shape: at N = 1024 one batch-head's score matrix (1M elements) dwarfs

@@ -96,8 +96,9 @@ class Check:
 
     def not_measured(self, reason: str):
         """What the check measures cannot be read from this submission's structure (an optimizer
-        with no .state, a wrapper with no buffers to read): neither passed nor failed, 0 of 0,
-        like a skipped check, so it can never cost the submission a requirement."""
+        with no .state, a wrapper with no buffers to read, a replay with no first answer): neither
+        passed nor failed, 0 of 0, like a skipped check, so it can never cost the submission a
+        requirement; a group none of whose checks was measured shares its points out (Rubric.weights)."""
         self.update(outcome="skipped", output=f"could not be measured: {reason}")
         pytest.skip(f"could not be measured: {reason}")
 

@@ -224,14 +224,16 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     records = current_records(folder, expected, modules)
     info = read_info(reports, submission)
 
-    # The maximum is fixed by the rubric: every group's points, whatever the machine, less only the
-    # groups that do not apply to this submission (all of their checks skipped: FSDP for a
-    # 2025-template submission). A group's points are split evenly over its checks that apply;
-    # a check not graded here (it needs a GPU) or one the grader failed on keeps its share of the
-    # maximum and scores 0 until it is graded, so the total is provisional or incomplete, not smaller.
+    # The maximum is the rubric's total, the same for every submission (Rubric.weights): a group none
+    # of whose checks apply (all skipped: ddp.bucketing for a 2026-template submission, FSDP for a
+    # 2025 one, a replay whose case never answered) shares its points out over the others. A group's
+    # points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
+    # one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
+    # total is provisional or incomplete, not smaller.
     applying = [r for r in records if r.outcome != "skipped"]
     group_sizes = Counter(r.group for r in applying)
     skipped_groups = {r.group for r in records} - set(group_sizes)
+    weights = rubric.weights(skipped_groups)
     # A run stopped early (a time limit, -x) leaves tests never run, whose groups nobody knows
     # until they run. Each is counted in every group its test function's recorded checks belong
     # to, so a group's recorded checks never share out points that unrun ones may yet earn: partial
@@ -251,7 +253,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         if group in skipped_groups:
             continue
         # the points no recorded check of the group holds: all of them, or the unrun checks' share
-        waiting = rubric.points(group) * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
+        waiting = weights[group] * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
         if waiting:
             part = parts.setdefault(group.split(".")[0], new_part(group.split(".")[0]))
             part["max_score"] += waiting
@@ -264,7 +266,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         skipped = r.outcome == "skipped"
         # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
         r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
-        r.max_score = 0.0 if skipped else rubric.points(r.group) / group_sizes[r.group]
+        r.max_score = 0.0 if skipped else weights.get(r.group, 0.0) / group_sizes[r.group]
         r.score = r.max_score if r.outcome == "passed" else 0.0
         if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
             part = parts.setdefault(r.part, new_part(r.part))
@@ -320,6 +322,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                        "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
                        "runner_log_tail": info.get("runner_log_tail", ""),
                        "isolation": info.get("isolation"), "interrupted": info.get("interrupted"),
+                       "group_points": {g: round(w, 6) for g, w in weights.items()},
                        "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
                        "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},

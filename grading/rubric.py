@@ -266,11 +266,27 @@ class Rubric:
     def total(self) -> float:
         return sum(g["points"] for g in self.groups.values())
 
+    def weights(self, excused=()) -> dict:
+        """Each group's points once the `excused` groups (every check of theirs skipped: it does not
+        apply to the submission, or could not be measured on it) have shared theirs out, so that every
+        submission is graded out of the same total. An excused group's points go to the other groups
+        of its part, in proportion to their points; a part with no group left (FSDP for a
+        2025-template submission) gives its points to the other parts the same way. A submission thus
+        keeps, on what could be measured, the share of the total it earned there: an excused check
+        costs nothing and gives nothing."""
+        live = {key: points for key, group in self.groups.items()
+                if key not in excused and (points := group["points"])}
+        parts = {key.split(".")[0] for key in self.groups}
+        kept = {part: sum(p for key, p in live.items() if key.split(".")[0] == part) for part in parts}
+        scale = {part: self.part_total(part) / kept[part] for part in parts if kept[part]}
+        overall = sum(self.part_total(part) for part in scale)
+        overall = self.total() / overall if overall else 0.0
+        return {key: live.get(key, 0.0) * scale.get(key.split(".")[0], 0.0) * overall for key in self.groups}
+
     def summary(self) -> str:
         """The totals in one line (what `pytest -q` prints)."""
-        return (f"rubric {self.path}: {self.total():g} points in {len(self.groups)} groups "
-                f"({self.total() - self.part_total('fsdp'):g} for a 2025-template submission, which has no FSDP part; "
-                f"{self.total() - self.points('ddp.bucketing'):g} for a 2026-template one, which has no bucketed DDP)")
+        return (f"rubric {self.path}: {self.total():g} points in {len(self.groups)} groups, the maximum of every "
+                f"submission (a group that does not apply, or could not be measured, shares its points out)")
 
     def point_table(self) -> str:
         """Every group under its part's label, with its points, its visibility unless visible and its
@@ -286,11 +302,9 @@ class Rubric:
                 hidden = "" if group["visibility"] == "visible" else group["visibility"]
                 source = group["source"] if len(group["source"]) <= 60 else group["source"][:57] + "..."
                 lines.append(f"  {group['points']:>5g}  {key:{width}}  {hidden:15} {source}".rstrip())
-        fsdp = self.part_total("fsdp")
         lines.append(f"Total: {self.total():g} points in {len(self.groups)} groups.")
-        lines.append(f"A 2025-template submission (no get_fsdp in its adapters) has no FSDP part: it is graded "
-                     f"out of {self.total() - fsdp:g} ({self.total():g} - {fsdp:g} FSDP points).")
-        if bucketing := self.points("ddp.bucketing"):
-            lines.append(f"A 2026-template submission (no get_ddp_bucketed) has no ddp.bucketing check: it is graded "
-                         f"out of {self.total() - bucketing:g} ({self.total():g} - {bucketing:g}).")
+        lines.append("Every submission is graded out of this total. A group that does not apply to a submission "
+                     "(ddp.bucketing for a 2026-template one), or none of whose checks could be measured on it, "
+                     "shares its points among its part's other groups, in proportion to their points; a part with "
+                     "no group left (FSDP for a 2025-template submission) shares its points among the other parts.")
         return "\n".join(lines)

@@ -140,8 +140,13 @@ def grouped(results: dict, rubric) -> dict:
         by_group.setdefault(r.group, []).append(r)
     # A rubric group with no check counts its points in the maximum (assemble: never recorded), so
     # it gets a test too; unless the file adds up without it (another rubric made the file).
+    # Each group's points once those of groups that do not apply were shared out (Rubric.weights), as
+    # assemble scored them; a results.json older than that has the rubric's own.
+    shared = as_dict(extra.get("group_points"))
+    points_of = {key: as_number(shared.get(key), rubric.points(key)) if shared else rubric.points(key)
+                 for key in by_group}
     unrecorded = as_number(results.get("max_score")) - sum(r.max_score for r in records) > 1e-3
-    by_group = {key: rs for key, rs in by_group.items() if rs or (unrecorded and rubric.points(key) > 0)}
+    by_group = {key: rs for key, rs in by_group.items() if rs or (unrecorded and points_of[key] > 0)}
     # Parts as results.json lists them (the rubric's order), then any other.
     labels = {**rubric.parts, **{p: as_text(as_dict(v).get("label")) or p
                                  for p, v in as_dict(extra.get("parts")).items()}}
@@ -158,7 +163,7 @@ def grouped(results: dict, rubric) -> dict:
             score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
             whole = True  # every check of the group was recorded
             if known and (most > 0 or not rs):  # the group's points, not a sum of shares rounded per check
-                points = rubric.points(key)
+                points = points_of[key]
                 # ... unless its recorded checks hold less than its points (a run stopped early, whose
                 # unrun checks keep their shares): then what they earned, never scaled up
                 whole = abs(most - points) <= 1e-3 * max(1, len(rs))

@@ -28,7 +28,8 @@ GRADER_ERROR = "grader_error"
 # nothing yet, and makes the total provisional until the check is graded where it can run. A
 # "skipped" check, by contrast, does not apply to the submission (an adapter of the other template), or
 # could not be measured on it (its output says "could not be measured: ..."; grading/plugin.py
-# Check.not_measured): 0 of 0 either way, never a failure.
+# Check.not_measured): 0 of 0 either way, never a failure, and a group none of whose checks apply
+# shares its points with its part's other groups (grading/rubric.py Rubric.weights).
 NOT_GRADED_HERE = "not_graded_here"
 # Outcomes that are neither passed nor failed: Gradescope shows them with no status, by score.
 UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)

@@ -209,25 +209,39 @@ def same_answers(first: dict, second: dict) -> tuple[list, list]:
     return compared, same
 
 
+def no_answer(reply) -> str:
+    """What a runner call that answered nothing did, as words that follow "it"."""
+    return {"error": "raised ", "not_attempted": "was not attempted: "}.get(reply.status, "") + reply.message
+
+
 @pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])
 def test_replay(grading, submission, check, slot, tier, case):
     """A second, unseen input of a case, asked right after the case in the same runner, gets an
-    answer of its own, not the first input's again (answers cached by shape, dtype or case)."""
+    answer of its own, not the first input's again (answers cached by shape, dtype or case).
+
+    Replay judges a replay and nothing else. Where either input got no answer (the class raised,
+    crashed, timed out, or is the template's stub), there is no pair of answers to compare: the
+    check is not measured, and its points are shared by the part's other checks (Rubric.weights),
+    so the failure is charged once, by the forward and backward checks of the case."""
     c = check(f"flash_{slot}", "replay", case, "replay")
-    reply, tensors = settle(c, grading, submission, slot, tier, case)
-    if reply is None:
-        return
+    first = f"flash_{slot}::forward[{case.id}]"
+    if FLASH_SLOTS[slot] in grading.stubs[submission.name]:
+        c.not_measured(f"{FLASH_SLOTS[slot]} raises NotImplementedError (not attempted), so there is no answer to "
+                       f"replay; {first} and the slot's other checks charge it.")
+    reply, tensors = run_case(grading, submission, slot, case)
+    if not reply.ok:
+        c.not_measured(f"the first input of this case got no answer (it {no_answer(reply)}), so there is nothing a "
+                       f"second input could repeat; {first} charges the failure.")
     again, again_tensors = run_case(grading, submission, slot, case, second=True)
     if not again.ok:
-        found = f"raised {again.message}" if again.status == "error" else again.message
-        c.fail(f"a second input of this case, asked right after the first, {found}", again.traceback,
-               outcome=again.status if again.status in ("timeout", "crash") else "error")
+        c.not_measured(f"a second, unseen input of this case, asked right after the first, got no answer (it "
+                       f"{no_answer(again)}), so there is no second answer to compare with the first.")
     compared, same = same_answers(tensors, again_tensors)
     if same:
         c.fail(f"returned the same {', '.join(same)} for a different input: a second, unseen input of this case, "
                f"asked right after the first, got the first one's answer back. The answers are cached (by shape, "
                f"dtype or case), not computed from the inputs: compute every call's answer from its own q, k, v.")
-    if compared:
-        c.ok(f"a second, unseen input of the same case got answers of its own ({', '.join(compared)} compared)")
-    else:
-        c.ok("nothing to compare: no answer varied with its input (the forward and backward checks judge them)")
+    if not compared:
+        c.not_measured("no answer varies with its input (constant, or not finite), so a repeated answer cannot be "
+                       f"told from a new one; {first} and the case's backward check judge the answers.")
+    c.ok(f"a second, unseen input of the same case got answers of its own ({', '.join(compared)} compared)")

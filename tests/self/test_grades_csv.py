@@ -99,7 +99,7 @@ def test_the_identity_travels_through_info_json_into_results_json(tmp_path):
     reports = tmp_path / "reports"
     record_store.write_info(reports, sub.name, {"student": sub.student, "student_id": sub.student_id,
                                                 "email": sub.email, "students": sub.students})
-    rubric = SimpleNamespace(parts={}, groups=[], points=lambda group: 0.0)
+    rubric = SimpleNamespace(parts={}, groups=[], points=lambda group: 0.0, weights=lambda excused: {})
     extra = record_store.assemble(reports, sub.name, rubric, expected=[], modules=set())["extra_data"]
     assert (extra["student"], extra["student_id"], extra["email"]) == (sub.student, sub.student_id, sub.email)
     assert extra["students"] == sub.students

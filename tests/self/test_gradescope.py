@@ -267,3 +267,43 @@ def test_run_autograder_gives_partial_credit_on_a_timeout(tmp_path, recorded):
     assert "incomplete: 3 of 4 checks graded" in out["output"]
     assert out["score"] > 0 and len(out["tests"]) == len(Rubric().groups)  # grouped, with what was earned
     pytest.importorskip("jsonschema").validate(out, SPEC)
+
+
+# -- the same maximum for every submission ---------------------------------------------------------
+
+def write_class_member(reports: Path, submission: str, skipped: set, failed: set = frozenset()) -> dict:
+    """One check per rubric group, passed unless in `failed`, skipped ("could not be measured", or
+    not applying) if in `skipped`; assembled with the default rubric."""
+    rubric = Rubric()
+    nodeids = []
+    for group in rubric.groups:
+        part, check, *tier = group.split(".")
+        nodeid = f"grading.checks.test_{part}::test_{check}[{submission}-{group}]"
+        nodeids.append(nodeid)
+        outcome = "skipped" if group in skipped else "failed" if group in failed else "passed"
+        record_store.write_check(reports, CheckRecord(submission, part, check, case=group, tier=(tier or [""])[0],
+                                                      group=group, outcome=outcome, nodeid=nodeid))
+    record_store.update_collected(reports, submission, nodeids, set())
+    return record_store.assemble(reports, submission, rubric)
+
+
+def test_every_submission_is_graded_out_of_the_same_total(tmp_path):
+    """A group that does not apply (2025 vs 2026 template) or could not be measured (a replay whose
+    first call got no answer, state_sharded with no readable state) shares its points with its
+    part's other groups: the maximum never moves, and an excused check costs nothing."""
+    rubric = Rubric()
+    fsdp = {g for g in rubric.groups if g.startswith("fsdp.")}
+    variants = {"all": set(), "t2026": {"ddp.bucketing"}, "t2025": fsdp,
+                "excused": {"ddp.bucketing", "flash_triton.replay", "sharded_optimizer.state_sharded"}}
+    for name, skipped in variants.items():
+        results = write_class_member(tmp_path, name, skipped)
+        out = gradescope.grouped(results, rubric)
+        assert results["max_score"] == out["max_score"] == pytest.approx(rubric.total()), name
+        assert results["score"] == pytest.approx(rubric.total()), name  # all measured checks passed: full marks
+        assert sum(t["max_score"] for t in out["tests"]) == pytest.approx(rubric.total(), abs=1e-3), name
+        assert all(t["max_score"] == 0 for t in out["tests"] if t["extra_data"]["group"] in skipped)
+    # a failed replay costs its points; one that could not be measured costs nothing
+    t2026 = write_class_member(tmp_path, "f2026", {"ddp.bucketing"}, {"flash_triton.replay"})
+    excused = write_class_member(tmp_path, "f_excused", {"ddp.bucketing", "flash_triton.replay"})
+    assert t2026["score"] == pytest.approx(rubric.total() - 2)
+    assert excused["score"] == pytest.approx(rubric.total())

@@ -95,13 +95,33 @@ def test_the_point_table_lists_every_group_and_the_total():
         assert any(key in line and f"{group['points']:g}" in line for line in table.splitlines()), key
     for part, label in rubric.parts.items():
         assert f"{label} ({part}): {rubric.part_total(part):g} points" in table
-    fsdp = rubric.part_total("fsdp")
-    assert fsdp > 0
     assert f"Total: {rubric.total():g} points in {len(rubric.groups)} groups." in table
-    assert f"graded out of {rubric.total() - fsdp:g} ({rubric.total():g} - {fsdp:g} FSDP points)" in table
-    bucketing = rubric.points("ddp.bucketing")
-    assert bucketing > 0
-    assert f"graded out of {rubric.total() - bucketing:g} ({rubric.total():g} - {bucketing:g})" in table
+    assert "Every submission is graded out of this total" in table
+
+
+def test_groups_that_do_not_apply_share_their_points_out():
+    """Rubric.weights: every submission's maximum is the rubric's total, whichever groups apply."""
+    rubric = Rubric()
+    assert rubric.weights() == {key: group["points"] for key, group in rubric.groups.items()}
+    for excused in ({"ddp.bucketing"}, {"sharded_optimizer.state_sharded"}, {"flash_triton.replay"},
+                    {key for key in rubric.groups if key.startswith("fsdp.")},
+                    {"ddp.bucketing", "flash_pytorch.replay", "sharded_optimizer.state_balanced"}):
+        weights = rubric.weights(excused)
+        assert sum(weights.values()) == pytest.approx(rubric.total()), excused
+        assert all(weights[key] == 0 for key in excused)
+        for part in rubric.parts:  # a part keeps its points, unless none of its groups is left
+            left = sum(w for key, w in weights.items() if key.split(".")[0] == part)
+            if left:
+                assert left / sum(weights.values()) == pytest.approx(
+                    rubric.part_total(part) / sum(rubric.part_total(p) for p in rubric.parts
+                                                  if any(weights[k] for k in rubric.groups if k.startswith(p + "."))))
+        # the groups left keep their proportions within their part
+        kept = [key for key in rubric.groups if key not in excused and key.startswith("ddp.")]
+        assert len({weights[key] / rubric.points(key) for key in kept}) == 1
+    # DDP without bucketing: its 1 point goes to equivalence, broadcast, overlap and buffers, 12.5 -> 13.5
+    weights = rubric.weights({"ddp.bucketing"})
+    assert weights["ddp.equivalence"] == pytest.approx(8 * 13.5 / 12.5)
+    assert weights["flash_triton.forward.course"] == rubric.points("flash_triton.forward.course")
 
 
 def test_pytest_stops_on_a_bad_rubric_with_status_4(tmp_path):
