@@ -252,7 +252,8 @@ def test_rebuilding_gives_identical_files(tmp_path):
     assert first == second
 
 
-NONE_SKIPPED = "Skipped checks: they do not apply to this submission (0)"
+NONE_SKIPPED = ("Skipped checks: they do not apply to this submission, or could not be measured on it; their points "
+                "go to the part's other checks (0)")
 
 
 def test_failed_checks_come_first_grouped_by_part_with_their_evidence(staff):
