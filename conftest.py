@@ -3,7 +3,7 @@
 `pytest` alone runs the project's own tests (tests/self). `pytest --impl PATH` grades
 submissions with the grading checks (grading/checks, collected from wherever the package is
 installed) and writes reports/. The options and the grading plugin come from
-fa2_adapters/pytest_plugin.py, installed as a pytest11 entry point.
+grading/pytest_plugin.py, installed as a pytest11 entry point.
 """
 from pathlib import Path
 

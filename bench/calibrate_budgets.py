@@ -16,9 +16,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from fa2_adapters.harness.client import SubmissionRunner  # noqa: E402
-from fa2_adapters.harness.discover import load_submission  # noqa: E402
-from fa2_adapters.wire.cases import FlashCase  # noqa: E402
+from fa2_sandbox.harness.client import SubmissionRunner  # noqa: E402
+from fa2_sandbox.harness.discover import load_submission  # noqa: E402
+from fa2_sandbox.wire.cases import FlashCase  # noqa: E402
 from grading.checks.flash_checks import medians_ms  # noqa: E402
 from grading.rubric import Rubric  # noqa: E402
 

@@ -40,7 +40,7 @@ OLD_GRADER = CORPUS / ".old-grader"
 WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
 sys.path.insert(0, str(ROOT))
-from fa2_adapters.runner import course_env  # noqa: E402  (the grader's own reading of uv path dependencies)
+from fa2_sandbox.wire import course_env  # noqa: E402  (the grader's own reading of uv path dependencies)
 
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
 

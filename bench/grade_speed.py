@@ -46,8 +46,8 @@ from bench.utilization import Utilization  # noqa: E402
 
 
 def triton_cache_dir() -> Path:
-    """Where the grader keeps compiled kernels between runs (fa2_adapters/harness/kernel_cache.py)."""
-    from fa2_adapters.harness.kernel_cache import cache_root
+    """Where the grader keeps compiled kernels between runs (fa2_sandbox/harness/kernel_cache.py)."""
+    from fa2_sandbox.harness.kernel_cache import cache_root
     return cache_root() / "triton"
 
 
@@ -101,7 +101,7 @@ def idle_sdpa_ms(rubric_file: Path) -> dict:
     import yaml
     from triton.testing import do_bench
 
-    from fa2_adapters.wire.cases import FlashCase, make_inputs
+    from fa2_sandbox.wire.cases import FlashCase, make_inputs
     if not torch.cuda.is_available():
         return {}
     times = {}
@@ -119,7 +119,7 @@ def idle_sdpa_ms(rubric_file: Path) -> dict:
 
 def runner_starts(reports: Path) -> dict:
     """How many runners started and how long each took to be ready, from the runners' logs
-    ("runner ready in X s", fa2_adapters/harness/client.py)."""
+    ("runner ready in X s", fa2_sandbox/harness/client.py)."""
     seconds = []
     for path in reports.glob("*/info.json"):  # written as checks come in: a run stopped early has them too
         logs = json.loads(path.read_text()).get("runner_logs") or {}  # each shard's runner's
@@ -282,11 +282,11 @@ STARTUP_STEPS = {
     "import torch, triton; a CUDA op": (
         "import torch, triton; torch.cuda.is_available() and torch.ones(1, device='cuda').sum().item()"),
     "the sandbox probe (fresh grader process)": (
-        "import tempfile; from fa2_adapters.harness import sandbox; "
-        "print(sandbox.isolation(tempfile.gettempdir(), 0)['mode'])"),
+        "import tempfile; from fa2_sandbox.harness import confinement; "
+        "print(confinement.isolation(tempfile.gettempdir(), 0)['mode'])"),
     "a reference runner: start until ready": (
-        "from pathlib import Path; from fa2_adapters.harness.discover import load_submission; "
-        "from fa2_adapters.harness.client import SubmissionRunner; "
+        "from pathlib import Path; from fa2_sandbox.harness.discover import load_submission; "
+        "from fa2_sandbox.harness.client import SubmissionRunner; "
         "r = SubmissionRunner(load_submission(Path('submissions/reference'))); r.start(); r.close()"),
 }
 

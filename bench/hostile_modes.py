@@ -5,7 +5,7 @@ be those of root's ("namespace").
 
     python bench/hostile_modes.py --out DIR [--modes namespace userns]
 
-GRADER_SANDBOX picks the mode (sandbox.isolation): "" lets root use its best, "userns" makes
+GRADER_SANDBOX picks the mode (confinement.isolation): "" lets root use its best, "userns" makes
 even a root grader confine runners with user namespaces alone.
 """
 import argparse

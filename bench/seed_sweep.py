@@ -9,7 +9,7 @@ seeds pass and the worst ratio of an error to its bound (max or mean error; 1 is
     python bench/seed_sweep.py --seeds 20 -k 32x32 --truncate   # ... with the interpreter's own bf16 rounding
 
 Without a GPU it sets TRITON_INTERPRET=1 and runs the CPU cases under the interpreter, patched
-as the grader's runners patch it (fa2_adapters/runner/triton_interpreter.py); --truncate leaves
+as the grader's runners patch it (fa2_sandbox/runner/triton_interpreter.py); --truncate leaves
 its float32 -> bf16 conversions truncating, the bug behind issue 36. Exits 1 if any seed fails.
 """
 import argparse
@@ -25,8 +25,8 @@ if not ON_GPU:
     os.environ.setdefault("TRITON_INTERPRET", "1")  # before the reference imports triton
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from fa2_adapters.runner.triton_interpreter import ensure_bf16_dot, ensure_bf16_rounding  # noqa: E402
-from fa2_adapters.wire.cases import make_inputs  # noqa: E402
+from fa2_sandbox.runner.triton_interpreter import ensure_bf16_dot, ensure_bf16_rounding  # noqa: E402
+from fa2_sandbox.wire.cases import make_inputs  # noqa: E402
 from grading.matrix import flash_cases  # noqa: E402
 from reference.flash_triton import FlashAttentionTriton  # noqa: E402
 from reference.tolerance import expected_attention, judge_attention  # noqa: E402

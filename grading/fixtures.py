@@ -1,6 +1,6 @@
 """The grading tests' fixtures: `grading` (the session's state) and `check` (a check's record).
 
-Registered as a plugin with the grading plugin (fa2_adapters/pytest_plugin.py), not a conftest.py:
+Registered as a plugin with the grading plugin (grading/pytest_plugin.py), not a conftest.py:
 the checks are collected from wherever the package is installed. `submission` is parametrized by
 the grading plugin (plugin.py pytest_generate_tests)."""
 import pytest

@@ -17,7 +17,7 @@ after its id.
 """
 from functools import lru_cache
 
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.wire.cases import FlashCase
 from grading.shards import kernel_shard
 
 ODD_PAIRS = [(113, 203), (203, 113), (128, 217), (1, 239), (127, 513), (1023, 1024), (17, 17)]

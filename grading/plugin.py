@@ -32,10 +32,10 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa2_adapters.harness import kernel_cache, shared_probe
-from fa2_adapters.harness.client import SubmissionRunner, runner_memory_limit
-from fa2_adapters.harness.discover import defined_functions, find_submissions, stub_functions
-from fa2_adapters.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
+from fa2_sandbox.harness import kernel_cache, shared_probe
+from fa2_sandbox.harness.client import SubmissionRunner, runner_memory_limit
+from fa2_sandbox.harness.discover import defined_functions, find_submissions, stub_functions
+from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from grading import record_store, shards
 from grading.durations import Durations
 from grading.rubric import Rubric, RubricError
@@ -52,7 +52,7 @@ def check_id(item) -> str:
 
 def case_data(case) -> tuple:
     """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
-    `.to_json()` (fa2_adapters.wire.cases.FlashCase), whose fields become plain JSON data, or
+    `.to_json()` (fa2_sandbox.wire.cases.FlashCase), whose fields become plain JSON data, or
     (id, such an object): its fields under an id of the test's own ("triton-<case id>", say)."""
     if isinstance(case, str):
         return case, {}
@@ -189,7 +189,7 @@ class Grading:
 
     @cached_property
     def gpu_ledger(self):
-        """The ledger of this worker's GPU (fa2_adapters/harness/gpu_ledger.py), shared with the
+        """The ledger of this worker's GPU (fa2_sandbox/harness/gpu_ledger.py), shared with the
         workers and runners on it; None without a GPU. Made on first use: the controller never
         needs it, and reading the device's size creates a CUDA context."""
         if not self.on_gpu:
@@ -340,7 +340,7 @@ def submission_of(item):
 
 # The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
 GRADER_ROOT = Path(__file__).resolve().parents[1]
-OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in ("grading", "fa2_adapters", "reference", "reporting")]
+OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in ("grading", "fa2_sandbox", "reference", "reporting")]
 
 
 def describe(exc: BaseException) -> str:
@@ -380,7 +380,7 @@ GRADING = pytest.StashKey[Grading]()
 
 
 class GradingPlugin:
-    """Registered by fa2_adapters/pytest_plugin.py under --impl, in the controller and in each worker."""
+    """Registered by grading/pytest_plugin.py under --impl, in the controller and in each worker."""
 
     def __init__(self, config):
         self.config = config

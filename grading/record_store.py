@@ -310,7 +310,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         summary = (f"incomplete: {graded} of {total} checks graded"
                    + (f" ({', '.join(why)})" if why else "")
                    + "; the total is not final and will change when the rest are graded. " + summary)
-    if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): fa2_adapters/slurm.py
+    if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): grading/slurm.py
         summary = f"{info['interrupted']}. {summary}"
     results = {
         "score": round(score, 3), "max_score": round(max_score, 3),

@@ -11,7 +11,7 @@ So a submission's tests are split into shards that share nothing but the student
   class of at least a submission per worker, by (dtype, causal) (per_kernel_shards);
 - the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
-  ranks from one call to the next (fa2_adapters/runner/ranks.py RankPool), so one spawn serves
+  ranks from one call to the next (fa2_sandbox/runner/ranks.py RankPool), so one spawn serves
   them all where a shard each cost a runner start and a spawn each;
 - timing by slot, and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
   PyTorch slot's memory check joins the PyTorch shard: it runs on the CPU at MEMORY_CASE, one of
@@ -27,7 +27,7 @@ and each shard would add a runner start (on a 2-core CPU the reference took 71 s
 A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").
 """
-from fa2_adapters.wire.cases import FLASH_SLOTS, SHORT, FlashCase
+from fa2_sandbox.wire.cases import FLASH_SLOTS, SHORT, FlashCase
 
 SEPARATOR = "/"
 

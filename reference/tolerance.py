@@ -37,7 +37,7 @@ seeds 0..199: 0.0015 to 0.063); the reference Triton kernel's stayed below it on
 most 0.78 of it, where the rule allows 3 times it), the worst of all its errors 0.24 of a bound.
 It failed there on the CPU (issue 36: 3 seeds of 200, up to 1.6 times the dq mean bound) only
 because Triton's interpreter truncated float32 -> bf16 conversions, now rounded to nearest even
-as on a GPU (fa2_adapters/runner/triton_interpreter.py); tests/self/test_every_seed.py.
+as on a GPU (fa2_sandbox/runner/triton_interpreter.py); tests/self/test_every_seed.py.
 
 The fp32 policy for Triton kernels (TF32)
 -----------------------------------------

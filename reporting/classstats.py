@@ -12,7 +12,7 @@ import re
 from dataclasses import dataclass
 
 NO_FAMILIES = {"timing", "memory"}
-# fa2_adapters/wire/cases.py SHORT, not imported: that module needs torch, and the reports none.
+# fa2_sandbox/wire/cases.py SHORT, not imported: that module needs torch, and the reports none.
 SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
 # Only for results.json files older than case fields: their case ids, e.g.
 # "bf16-113x203-d64-causal-4d-strided-x8" (FlashCase.id), read back.

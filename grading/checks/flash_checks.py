@@ -8,7 +8,7 @@ check module.
 import re
 from functools import lru_cache
 
-from fa2_adapters.wire.cases import FLASH_SLOTS, make_inputs
+from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from grading import mistakes
 from grading.matrix import replay_cases, slot_device
 from reference.tolerance import expected_attention, tf32_attention_and_grads

@@ -1,6 +1,6 @@
 """DDP and sharded-optimizer checks, on 2 gloo ranks on the CPU.
 
-The runner spawns the ranks (fa2_adapters.runner.distributed_ops) and sends back what each one held: the
+The runner spawns the ranks (fa2_sandbox.runner.distributed_ops) and sends back what each one held: the
 parameters and buffers right after wrapping, the gradients after the first step's
 synchronisation, the final parameters, the optimizer state (elements, and how many parameters
 have some) and a log of the collectives with the phase of the training step they were issued
@@ -33,7 +33,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fa2_adapters.runner.distributed_ops import DDP_FLAVOURS, build_model, make_batches
+from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches
 from grading.checks.distributed_checks import (
     WORLD_SIZE,
     close,

@@ -9,7 +9,7 @@ from functools import partial
 import pytest
 import torch
 
-from fa2_adapters.wire.cases import FLASH_SLOTS
+from fa2_sandbox.wire.cases import FLASH_SLOTS
 from grading import diagnose
 from grading.checks.flash_checks import (
     SLOTS,

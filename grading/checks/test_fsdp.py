@@ -1,6 +1,6 @@
 """FSDP checks (the 2026 edition's get_fsdp), on 2 gloo ranks on the CPU.
 
-The runner spawns the ranks (fa2_adapters.runner.distributed_ops.fsdp_rank). Every rank builds the
+The runner spawns the ranks (fa2_sandbox.runner.distributed_ops.fsdp_rank). Every rank builds the
 official FSDP tests' model (token ids -> Embedding -> RMSNorm -> Linear -> ReLU -> RMSNorm -> Linear
 -> lm_head) from the submission's cs336_basics.model classes, as the official tests do: the
 handout's FSDP wraps "any Linear or Embedding layer" of the course's model, and students find those
@@ -9,7 +9,7 @@ It wraps it with get_fsdp (compute_dtype None, then float16), trains it for a fe
 the cross-entropy of the last position's logits (the official tests' loss) over the wrapper's
 parameters(), on its slice of each global batch, and returns fsdp_gather_full_params right after
 wrapping, after the first step and at the end, plus the size and dtypes of parameters(). This
-process trains the same model (fa2_adapters/runner/toy_models.py's twin of the course's layers,
+process trains the same model (fa2_sandbox/wire/toy_models.py's twin of the course's layers,
 with the same weights) on the full batches and judges.
 
 fp32: the data-parallel argument of test_distributed.py, so DDP's tolerance (distributed_checks: atol 1e-5).
@@ -37,7 +37,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from fa2_adapters.runner.distributed_ops import build_model, make_batches, training_loss
+from fa2_sandbox.wire.training import build_model, make_batches, training_loss
 from grading.checks.distributed_checks import (
     ATOL,
     RTOL,

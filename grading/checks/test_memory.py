@@ -13,7 +13,7 @@ import dataclasses
 
 import pytest
 
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.wire.cases import FlashCase
 from grading.checks.flash_checks import run_case
 from grading.matrix import MEMORY_CASE, slot_device
 

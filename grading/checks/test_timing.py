@@ -18,10 +18,10 @@ from dataclasses import replace
 import pytest
 import torch
 
-from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.harness.gpu_ledger import wait_for_idle_gpu
-from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
+from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.harness.gpu_ledger import wait_for_idle_gpu
+from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks.flash_checks import medians_ms, oracle_bytes
 from reference.tolerance import judge_attention
 

@@ -7,15 +7,15 @@ recompiled the function until dynamo's recompile limit (8) failed the course's o
 Several shapes in one runner, as in grading, with fullgraph=True as the corpus repos write it. With
 dynamic=False too, each shape is a graph of its own, and the ninth raised FailOnRecompileLimitHit
 where the course, a fresh process per test, passed each case: the runner lifts the limit
-(fa2_adapters/runner/serve.py allow_recompiles).
+(fa2_sandbox/runner/serve.py allow_recompiles).
 """
 import textwrap
 
 import pytest
 
-from fa2_adapters.harness.client import SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire.cases import FlashCase
 
 ADAPTERS = """
 def get_flashattention_autograd_function_pytorch():

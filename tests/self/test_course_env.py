@@ -1,5 +1,5 @@
 """A course repo imports in the grader as it does under `uv run` in its own folder
-(fa2_adapters/runner/course_env.py): its path dependencies inside the repo join sys.path with metadata,
+(fa2_sandbox/wire/course_env.py): its path dependencies inside the repo join sys.path with metadata,
 the runner's DDP ranks get them too, paths leaving the repo are refused with a note, and
 declared packages this Python lacks are named in one finding that says how to fix it.
 
@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fa2_adapters.harness.client import SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.runner import course_env
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire import course_env
 
 ROOT_PYPROJECT = '''
 [project]

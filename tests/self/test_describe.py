@@ -1,4 +1,4 @@
-"""A runner's one-line account of an exception (fa2_adapters/runner/errors.py `describe`).
+"""A runner's one-line account of an exception (fa2_sandbox/runner/errors.py `describe`).
 
 Compiler errors put the place on their first line and the reason in the exception they wrap. On
 the H100 the corpus's reports said only "raised CompilationError: at 90:51:" (Triton: tl.dot of
@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2_adapters.runner.errors import describe
+from fa2_sandbox.runner.errors import describe
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -31,7 +31,7 @@ def test_a_triton_compilation_error_says_its_reason():
     code = textwrap.dedent('''
         import ast
         from triton.compiler.errors import CompilationError
-        from fa2_adapters.runner.errors import describe
+        from fa2_sandbox.runner.errors import describe
         src = "def kernel(a, b):\\n    return tl.dot(a, b)"
         try:
             try:

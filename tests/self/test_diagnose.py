@@ -8,8 +8,8 @@ import math
 import pytest
 import torch
 
-from fa2_adapters.harness.discover import defined_functions, load_submission, stub_functions
-from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_sandbox.harness.discover import defined_functions, load_submission, stub_functions
+from fa2_sandbox.wire.cases import FlashCase, make_inputs
 from grading import diagnose, mistakes
 from reference.oracle import attention_and_grads, scores
 from reference.tolerance import expected_attention, judge_attention

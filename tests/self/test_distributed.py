@@ -16,9 +16,9 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fa2_adapters.runner.distributed_ops import on_device_of, read_buffers, state_held
-from fa2_adapters.runner.ranks import run_on_ranks
-from fa2_adapters.runner.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from fa2_sandbox.runner.distributed_ops import on_device_of, read_buffers, state_held
+from fa2_sandbox.runner.ranks import run_on_ranks
+from fa2_sandbox.wire.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
 from grading.checks.distributed_checks import (
     greedy_buckets,
     judge_bucketing,
@@ -303,7 +303,7 @@ def test_sharded_optimizer_state_is_partitioned(sharded_run, scenario):
         assert 0 < h <= total / WORLD_SIZE + largest, (held, total, largest)
     # All ranks computed the same owner assignment: same per-rank numel tallies.
     assert ranks[0][scenario]["numel_per_rank"] == ranks[1][scenario]["numel_per_rank"]
-    # The grader's count (fa2_adapters.runner.distributed_ops.state_held) sees the same elements, and each
+    # The grader's count (fa2_sandbox.runner.distributed_ops.state_held) sees the same elements, and each
     # parameter with state on exactly one rank.
     assert [res[scenario]["state_held"][0] for res in ranks] == held
     assert sum(res[scenario]["state_held"][1] for res in ranks) == len(full.state)

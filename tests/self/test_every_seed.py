@@ -10,7 +10,7 @@ the mean-error rule is at its noisiest, and the issue's seeds for the other bf16
 (bench/seed_sweep.py runs any of them over 200 and more).
 
 On a CPU they run under the Triton interpreter, patched as the grader's runners patch it
-(fa2_adapters/runner/triton_interpreter.py). Before its float32 -> bf16 conversions were made to
+(fa2_sandbox/runner/triton_interpreter.py). Before its float32 -> bf16 conversions were made to
 round to nearest even, as a GPU's do, the x8 case failed seeds 116, 134 and 140 of these 200.
 """
 import pytest
@@ -18,8 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
-from fa2_adapters.runner.triton_interpreter import ensure_bf16
-from fa2_adapters.wire.cases import make_inputs
+from fa2_sandbox.runner.triton_interpreter import ensure_bf16
+from fa2_sandbox.wire.cases import make_inputs
 from grading.matrix import flash_cases
 from reference.flash_triton import FlashAttentionTriton
 from reference.tolerance import expected_attention, judge_attention

@@ -2,8 +2,8 @@
 import pytest
 import torch
 
-from fa2_adapters.runner.flash_call import run_flash
-from fa2_adapters.wire.cases import FlashCase, make_inputs
+from fa2_sandbox.runner.flash_call import run_flash
+from fa2_sandbox.wire.cases import FlashCase, make_inputs
 from reference.flash_pytorch import FlashAttentionPytorch
 from reference.tolerance import judge_attention
 

@@ -9,7 +9,7 @@ plain PyTorch in the input dtype as the baseline.
 bf16 under the interpreter: Triton's interpreter (seen in 3.9) multiplies bf16 tiles as
 their raw uint16 bit patterns in tl.dot, so bf16 results are garbage on the CPU, and it
 truncates float32 -> bf16 conversions where a GPU rounds to nearest even. Probes below
-detect both and patch the INTERPRETER (fa2_adapters/runner/triton_interpreter.py) to do
+detect both and patch the INTERPRETER (fa2_sandbox/runner/triton_interpreter.py) to do
 what the GPU does. The kernel code is untouched. If a patch cannot be applied the bf16
 cases are skipped and fp16 (which the interpreter handles) still covers the low-precision
 paths.
@@ -28,7 +28,7 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 # bf16 support of the interpreter: probe, and patch the simulator's dot if needed.
-from fa2_adapters.runner.triton_interpreter import ensure_bf16  # noqa: E402
+from fa2_sandbox.runner.triton_interpreter import ensure_bf16  # noqa: E402
 
 BF16_SKIP_REASON = ensure_bf16(interpreted=INTERPRET)
 

@@ -13,8 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from fa2_adapters.runner.ranks import run_on_ranks
-from fa2_adapters.runner.toy_models import ToyModel, ToyModelWithTiedWeights
+from fa2_sandbox.runner.ranks import run_on_ranks
+from fa2_sandbox.wire.toy_models import ToyModel, ToyModelWithTiedWeights
 from reference import fsdp
 
 WORLD_SIZE, SEED, STEPS, BATCH, LR = 2, 0, 4, 8, 0.1

@@ -43,7 +43,7 @@ class Embedding(nn.Module):
 
 
 # The norm is not what this test is about: the grader's own twin of the course's RMSNorm.
-from fa2_adapters.runner.toy_models import CourseRMSNorm as RMSNorm  # noqa: E402,F401
+from fa2_sandbox.wire.toy_models import CourseRMSNorm as RMSNorm  # noqa: E402,F401
 """
 
 ADAPTERS = """

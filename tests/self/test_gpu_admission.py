@@ -6,12 +6,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from fa2_adapters.harness.client import PROJECT_ROOT, GpuCrowded, Reply, SubmissionRunner, call_on_gpu
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.harness.gpu_ledger import GpuLedger
-from fa2_adapters.harness.watchdog import runner_identity, runner_pids
-from fa2_adapters.runner.serve import out_of_memory
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.harness.client import PROJECT_ROOT, GpuCrowded, Reply, SubmissionRunner, call_on_gpu
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.harness.gpu_ledger import GpuLedger
+from fa2_sandbox.harness.watchdog import runner_identity, runner_pids
+from fa2_sandbox.runner.serve import out_of_memory
+from fa2_sandbox.wire.cases import FlashCase
 
 # The caching allocator's message, as torch words it (c10/cuda/CUDACachingAllocator.cpp).
 REFUSED_AT_BUDGET = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "

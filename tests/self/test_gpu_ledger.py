@@ -1,4 +1,4 @@
-"""fa2_adapters/harness/gpu_ledger.py: admission to a shared GPU, with a fake capacity.
+"""fa2_sandbox/harness/gpu_ledger.py: admission to a shared GPU, with a fake capacity.
 
 Each "process" here is a thread with a GpuLedger of its own on one ledger file, as each worker has
 its own; the file's flock is taken per open, so threads contend for it as processes do."""
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from fa2_adapters.harness.gpu_ledger import GIB, GpuLedger, capacity_bytes
-from fa2_adapters.harness.watchdog import runner_identity
+from fa2_sandbox.harness.gpu_ledger import GIB, GpuLedger, capacity_bytes
+from fa2_sandbox.harness.watchdog import runner_identity
 
 HOLD_S = 0.6
 

@@ -8,7 +8,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fa2_adapters.harness.discover import IDENTITY_CHARS, load_submission
+from fa2_sandbox.harness.discover import IDENTITY_CHARS, load_submission
 from grading import record_store
 from reporting import build_reports
 from reporting.build import GRADESCOPE_COLUMNS

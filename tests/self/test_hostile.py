@@ -29,10 +29,10 @@ import pytest
 import torch
 import yaml
 
-from fa2_adapters.harness import sandbox
-from fa2_adapters.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire.cases import FlashCase
 from grading import record_store
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
@@ -197,7 +197,7 @@ def matches(key: str, pattern: str) -> bool:
 
 
 def isolated() -> bool:
-    return sandbox.isolation(tempfile.gettempdir())["mode"] == "namespace"
+    return confinement.isolation(tempfile.gettempdir())["mode"] == "namespace"
 
 
 # -- the class session ------------------------------------------------------------------------
@@ -579,8 +579,8 @@ def test_closed_channel_does_not_hang(runner_for):
 
 def test_runner_cannot_touch_the_project(runner_for, tmp_path):
     """The runner reads none of the project, writes into no reports folder and no other submission."""
-    if sandbox.isolation(tempfile.gettempdir())["mode"] == "none":
-        pytest.skip("no uid of its own here (not root): " + sandbox.isolation(tempfile.gettempdir())["note"])
+    if confinement.isolation(tempfile.gettempdir())["mode"] == "none":
+        pytest.skip("no uid of its own here (not root): " + confinement.isolation(tempfile.gettempdir())["note"])
     public = Path(tempfile.mkdtemp(prefix="hostile-unit-"))  # world-traversable, like a shared disk
     try:
         os.chmod(public, 0o755)
@@ -621,7 +621,7 @@ def test_runner_cannot_touch_the_project(runner_for, tmp_path):
         out = json.loads(reply.message.split("REPORT ", 1)[1])
         must_deny = ["write results.json", "create in reports", "create in other submission",
                      "create in project reports", "import reference solution", "import oracle"]
-        if sandbox.isolation(tempfile.gettempdir())["mode"] == "namespace":
+        if confinement.isolation(tempfile.gettempdir())["mode"] == "namespace":
             must_deny += ["read project", "read rubric", "read other submission", "network"]
         allowed = [name for name in must_deny if out[name] == "allowed"]
         assert not allowed, out
@@ -689,13 +689,13 @@ def test_trusted_copy_is_enough_and_holds_no_solutions(tmp_path):
     try:
         trusted = runner.scratch_folder.trusted
         files = {str(p.relative_to(trusted)) for p in trusted.rglob("*.py")}
-        assert {"fa2_adapters/runner/serve.py", "fa2_adapters/runner/ranks.py", "fa2_adapters/wire/tensors.py"} <= files
+        assert {"fa2_sandbox/runner/serve.py", "fa2_sandbox/runner/ranks.py", "fa2_sandbox/wire/tensors.py"} <= files
         # exactly the runner side and the wire: no harness, no reference solution, no oracle, no tests
         assert {f.split("/")[1] for f in files if f.count("/") > 1} == {"runner", "wire"}
-        assert all(f.startswith("fa2_adapters/") for f in files)
-        code = ("import sys, fa2_adapters.runner.serve, fa2_adapters.runner.distributed_ops; "
+        assert all(f.startswith("fa2_sandbox/") for f in files)
+        code = ("import sys, fa2_sandbox.runner.serve, fa2_sandbox.runner.distributed_ops; "
                 "print(sorted(m for m in sys.modules if m.split('.')[0] in ('reference', 'tests') "
-                "or m.startswith('fa2_adapters.harness')))")
+                "or m.startswith('fa2_sandbox.harness')))")
         proc = subprocess.run([sys.executable, "-I", "-c",
                                f"import sys; sys.path.insert(0, {str(runner.scratch_folder.trusted)!r}); {code}"],
                               cwd=tmp_path, capture_output=True, text=True, timeout=120)

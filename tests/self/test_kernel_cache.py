@@ -1,12 +1,12 @@
-"""The kept Triton cache (fa2_adapters/harness/kernel_cache.py): what comes back from a runner's
+"""The kept Triton cache (fa2_sandbox/harness/kernel_cache.py): what comes back from a runner's
 scratch folder, and what never does."""
 import json
 import os
 from pathlib import Path
 
-from fa2_adapters.harness import kernel_cache
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.harness.scratch import PROJECT_ROOT, ScratchFolder
+from fa2_sandbox.harness import kernel_cache
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder
 
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
 

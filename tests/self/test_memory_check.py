@@ -9,7 +9,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from fa2_adapters.harness.client import Reply
+from fa2_sandbox.harness.client import Reply
 from grading.checks import test_memory
 from grading.plugin import Check
 from grading.rubric import Rubric

@@ -1,5 +1,5 @@
 """Sandbox mode "userns": a grader that is not root confines each runner with an unprivileged user
-namespace (fa2_adapters/harness/sandbox.py), not with nothing.
+namespace (fa2_sandbox/harness/confinement.py), not with nothing.
 
 Two ways in:
 
@@ -36,9 +36,9 @@ from pathlib import Path
 
 import pytest
 
-from fa2_adapters.harness import sandbox
-from fa2_adapters.harness.client import PROJECT_ROOT, SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
+from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
 from tests.self.test_hostile import (
     HOSTILE,
     REQUEST,
@@ -56,8 +56,8 @@ NOBODY = 65534
 def userns(monkeypatch):
     """Sandbox mode "userns" for this test's runners, probed afresh (and not cached past it)."""
     monkeypatch.setenv("GRADER_SANDBOX", "userns")
-    monkeypatch.setattr(sandbox, "_ISOLATION", {})
-    found = sandbox.isolation(tempfile.gettempdir())
+    monkeypatch.setattr(confinement, "_ISOLATION", {})
+    found = confinement.isolation(tempfile.gettempdir())
     if found["mode"] != "userns":
         assert found["mode"] == "none" and "NOT isolated" in found["note"], found  # said, never silent
         pytest.skip("user namespaces are refused here: " + found["note"][:300])
@@ -122,7 +122,7 @@ def test_hostile_runner_is_confined(runners, tmp_path):
         attempt("write system folder", lambda: open("/usr/PWNED-userns", "x"))
         attempt("write python install", lambda: open(os.path.join({sys.prefix!r}, "PWNED-userns"), "x"))
         attempt("write trusted code", lambda: open(os.path.join(os.environ["PYTHONPATH"].split(os.pathsep)[0],
-                                                                "fa2_adapters", "runner", "serve.py"), "a"))
+                                                                "fa2_sandbox", "runner", "serve.py"), "a"))
         attempt("network", lambda: socket.create_connection(("1.1.1.1", 53), timeout=2))
         attempt("signal every process", lambda: os.kill(-1, 0))
         attempt("write own scratch", lambda: open("mine.txt", "w").write("ok"))
@@ -139,8 +139,8 @@ def test_hostile_runner_is_confined(runners, tmp_path):
     assert not [name for name in denied if out[name] == "allowed"], out
     # A virtual environment in the project (a .venv) is bound at its own path: the project's folder
     # is there, holding that alone.
-    python_inside = {Path(root).relative_to(PROJECT_ROOT).parts[0] for root in sandbox.root_binds([project])
-                     if sandbox._is_under(root, project)}
+    python_inside = {Path(root).relative_to(PROJECT_ROOT).parts[0] for root in confinement.root_binds([project])
+                     if confinement._is_under(root, project)}
     assert out["project listed"] == (sorted(python_inside) or None), out
     assert out["write own scratch"] == "allowed", out
     assert out["pids"] == [1, 2] and not out["pytest visible"], out  # its init and itself, nothing else
@@ -248,12 +248,12 @@ NONROOT_GRADER = '''
 import json, os, sys, tempfile
 from pathlib import Path
 sys.path.insert(0, {project!r})
-from fa2_adapters.harness import sandbox
-from fa2_adapters.harness.client import SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
+from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
 
 request = json.loads({request!r})
-out = {{"uid": os.getuid(), "isolation": sandbox.isolation(tempfile.gettempdir())}}
+out = {{"uid": os.getuid(), "isolation": confinement.isolation(tempfile.gettempdir())}}
 out["project readable here"] = os.access({readme!r}, os.R_OK)
 for name, folder, timeout in [("snoop", {snoop!r}, 60), ("hang", {hang!r}, 4)]:
     if out["isolation"]["mode"] != "userns":
@@ -280,9 +280,9 @@ def _blocking_ancestor(path: str) -> str | None:
 
 def _needed_by_a_grader() -> list:
     """The folders a grader started with this Python reads: the interpreter's (a venv's and the
-    Python it was made from, with their sys.path entries: sandbox.python_roots) and the project's."""
-    roots = {*sandbox.python_roots([]), os.path.realpath(PROJECT_ROOT)}
-    return sorted(r for r in roots if not any(r != o and sandbox._is_under(r, o) for o in roots))
+    Python it was made from, with their sys.path entries: confinement.python_roots) and the project's."""
+    roots = {*confinement.python_roots([]), os.path.realpath(PROJECT_ROOT)}
+    return sorted(r for r in roots if not any(r != o and confinement._is_under(r, o) for o in roots))
 
 
 def _python_env() -> dict:
@@ -329,7 +329,7 @@ def _skip_unless_nobody_can_run(prefix: list, workdir: Path, env: dict) -> None:
     """Skip the calling test, saying why and what to do, where nobody cannot import the grader's
     packages from this Python or read the project (a venv made with umask 077, say)."""
     if "why" not in _NOBODY_CANNOT:
-        source = str(PROJECT_ROOT / "fa2_adapters" / "harness" / "client.py")
+        source = str(PROJECT_ROOT / "fa2_sandbox" / "harness" / "client.py")
         proc = subprocess.run([*prefix, sys.executable, "-c", NOBODY_PROBE.format(source=source)], env=env,
                               cwd=workdir, capture_output=True, text=True, timeout=180)
         lines = (proc.stderr or proc.stdout).strip().splitlines() or [f"exit status {proc.returncode}"]
@@ -415,20 +415,20 @@ def test_root_modes_unchanged_without_the_switch(monkeypatch):
     if os.geteuid() != 0:
         pytest.skip("not root: the root modes are not tried here")
     monkeypatch.delenv("GRADER_SANDBOX", raising=False)
-    monkeypatch.setattr(sandbox, "_ISOLATION", {})
-    assert sandbox.isolation(tempfile.gettempdir())["mode"] in ("namespace", "uid")
+    monkeypatch.setattr(confinement, "_ISOLATION", {})
+    assert confinement.isolation(tempfile.gettempdir())["mode"] in ("namespace", "uid")
 
 
 def test_pid_namespace_of_a_plain_process_is_none():
     """Outside mode "userns" kill_runner and the watchdog see no PID namespace: as before."""
     proc = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"], start_new_session=True)
     try:
-        assert sandbox.pid_namespace(proc.pid) is None
-        assert sandbox.processes(pgid=proc.pid) == [proc.pid]
+        assert confinement.pid_namespace(proc.pid) is None
+        assert confinement.processes(pgid=proc.pid) == [proc.pid]
     finally:
         os.killpg(proc.pid, signal.SIGKILL)
         proc.wait()
-    assert sandbox.pid_namespace(proc.pid) is None
+    assert confinement.pid_namespace(proc.pid) is None
 
 
 def test_reports_name_the_userns_caveat(tmp_path):
@@ -455,15 +455,15 @@ def test_reports_name_the_userns_caveat(tmp_path):
 def test_refused_user_namespace_falls_back_in_words(monkeypatch):
     """Where the user namespace cannot be set up, the runner goes unconfined and the note says so
     and why: never silently."""
-    launch_command = sandbox.launch_command
+    launch_command = confinement.launch_command
 
     def refused(spec, argv):  # the launcher fails in mode "userns" alone, as where the kernel refuses it
         return launch_command({**spec, "scratch": "/nonexistent-scratch"} if spec.get("userns") else spec, argv)
 
     monkeypatch.setenv("GRADER_SANDBOX", "userns")
-    monkeypatch.setattr(sandbox, "_ISOLATION", {})
-    monkeypatch.setattr(sandbox, "launch_command", refused)
-    found = sandbox.isolation(tempfile.gettempdir())
+    monkeypatch.setattr(confinement, "_ISOLATION", {})
+    monkeypatch.setattr(confinement, "launch_command", refused)
+    found = confinement.isolation(tempfile.gettempdir())
     assert found["mode"] == "none", found
     assert found["note"].startswith("runner NOT isolated: "), found
     assert "userns+net: [grader] the runner's sandbox could not be set up" in found["note"], found

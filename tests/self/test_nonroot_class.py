@@ -28,7 +28,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from fa2_adapters.harness.client import PROJECT_ROOT
+from fa2_sandbox.harness.client import PROJECT_ROOT
 from tests.self.test_hostile import HOSTILE, REFERENCE, class_seed, isolated, results, session_count
 from tests.self.test_nonroot import NOBODY, as_nobody
 

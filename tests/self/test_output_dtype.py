@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.wire.cases import FlashCase
 from grading.checks.flash_checks import expected
 from grading.checks.test_flash import judge
 from grading.plugin import Check

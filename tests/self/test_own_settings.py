@@ -3,7 +3,7 @@
 pytest chooses its settings file before the grader's options exist, so it takes the PATH of
 `--impl PATH` (two words) for a test path, and a course repo's pyproject.toml (every CS336 repo
 has [tool.pytest.ini_options]) became the run's settings, with the repo's conftest.py imported
-into the grader. fa2_adapters/pytest_plugin.py starts such a run again with the grader's own.
+into the grader. grading/pytest_plugin.py starts such a run again with the grader's own.
 """
 import shutil
 import subprocess

@@ -1,4 +1,4 @@
-"""A runner's ranks serve every distributed check of its submission (fa2_adapters/runner/ranks.py):
+"""A runner's ranks serve every distributed check of its submission (fa2_sandbox/runner/ranks.py):
 kept from one successful call to the next, started afresh after any failure."""
 import os
 import time
@@ -7,7 +7,7 @@ import pytest
 import torch
 import torch.distributed as dist
 
-from fa2_adapters.runner.ranks import RankPool
+from fa2_sandbox.runner.ranks import RankPool
 
 
 def _pid_and_sum(rank, world_size, value):

@@ -2,7 +2,7 @@
 case is another draw, and a replayed answer is told from an answer of its own."""
 import torch
 
-from fa2_adapters.wire.cases import make_inputs
+from fa2_sandbox.wire.cases import make_inputs
 from grading.checks.flash_checks import replay_seed
 from grading.checks.test_flash import same_answers
 from grading.matrix import COURSE_CASE

@@ -7,14 +7,14 @@ import subprocess
 import sys
 import time
 
-from fa2_adapters.harness.scratch import PROJECT_ROOT
+from fa2_sandbox.harness.scratch import PROJECT_ROOT
 
 HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
 GRADER = """
 import os, sys, threading, time
-from fa2_adapters.harness.client import SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire.cases import FlashCase
 
 from pathlib import Path
 runner = SubmissionRunner(load_submission(Path(sys.argv[1])), env={"TRITON_INTERPRET": "1"})

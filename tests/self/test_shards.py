@@ -3,8 +3,8 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
-from fa2_adapters.harness.scratch import PROJECT_ROOT
-from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase
+from fa2_sandbox.harness.scratch import PROJECT_ROOT
+from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase
 from grading import matrix, shards
 
 

@@ -108,7 +108,7 @@ def checks(reports: Path, name: str) -> dict:
 @pytest.mark.slow
 def test_a_class_on_slurm_equals_a_local_run(slurm, tmp_path):
     reports, local = tmp_path / "slurm-reports", tmp_path / "local-reports"
-    grade = [sys.executable, "-m", "fa2_adapters.slurm", "slurm", f"--reports={reports}", "--cpus-per-task=1",
+    grade = [sys.executable, "-m", "grading.slurm", "slurm", f"--reports={reports}", "--cpus-per-task=1",
              "--workers=0", "--time=00:10:00", *[f"--impl={s}" for s in CLASS], "--", *SELECT]
     started = time.monotonic()
     submitted = subprocess.run(grade, cwd=ROOT, env=slurm, capture_output=True, text=True, timeout=120)
@@ -135,7 +135,7 @@ def test_a_class_on_slurm_equals_a_local_run(slurm, tmp_path):
     assert dead["extra_data"]["interrupted"] == expected and dead["output"].startswith(expected)
     assert expected in (reports / "index.html").read_text()
 
-    regrade = subprocess.run([sys.executable, "-m", "fa2_adapters.slurm", "slurm", "--regrade", "2",
+    regrade = subprocess.run([sys.executable, "-m", "grading.slurm", "slurm", "--regrade", "2",
                               f"--reports={reports}"], cwd=ROOT, env=slurm, capture_output=True, text=True)
     assert regrade.returncode == 0, regrade.stdout + regrade.stderr
     again = json.loads((reports / ".slurm" / "job.json").read_text())["regrades"][-1]
@@ -148,7 +148,7 @@ def test_a_class_on_slurm_equals_a_local_run(slurm, tmp_path):
 
 
 def test_dry_run_prints_the_scripts_and_submits_nothing(tmp_path):
-    out = subprocess.run([sys.executable, "-m", "fa2_adapters.slurm", "slurm", f"--reports={tmp_path}",
+    out = subprocess.run([sys.executable, "-m", "grading.slurm", "slurm", f"--reports={tmp_path}",
                           "--partition=gpu", "--gpus-per-task=1", "--tasks=2", "--dry-run",
                           *[f"--impl={s}" for s in CLASS], "--", "-k", "course"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)

@@ -146,11 +146,11 @@ def get_flashattention_autograd_function_pytorch():
     out = {{
         "import oracle": attempt("", lambda: __import__("reference.oracle") and "allowed"),
         "import grading": attempt("", lambda: __import__("grading.rubric") and "allowed"),
-        "import harness": attempt("", lambda: __import__("fa2_adapters.harness.sandbox") and "allowed"),
+        "import harness": attempt("", lambda: __import__("fa2_sandbox.harness.confinement") and "allowed"),
         "read rubric": attempt("", lambda: open(os.path.join(site, "grading", "rubric.yaml")).read() and "allowed"),
         "list reference": attempt("", lambda: os.listdir(os.path.join(site, "reference"))),
         "list submissions": attempt("", lambda: os.listdir(os.path.join(site, "submissions"))),
-        "list fa2_adapters": attempt("", lambda: os.listdir(os.path.join(site, "fa2_adapters"))),
+        "list fa2_sandbox": attempt("", lambda: os.listdir(os.path.join(site, "fa2_sandbox"))),
         "read wheel metadata": attempt("", lambda: open(os.path.join(site, {metadata!r})).read() and "allowed"),
     }}
     raise RuntimeError("REPORT " + json.dumps(out))
@@ -159,12 +159,12 @@ def get_flashattention_autograd_function_pytorch():
 GRADE_ONE_CALL = """
 import json, sys, tempfile
 from pathlib import Path
-from fa2_adapters.harness import sandbox
-from fa2_adapters.harness.client import SubmissionRunner
-from fa2_adapters.harness.discover import load_submission
-from fa2_adapters.wire.cases import FlashCase
+from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire.cases import FlashCase
 
-isolation = sandbox.isolation(tempfile.gettempdir())
+isolation = confinement.isolation(tempfile.gettempdir())
 if isolation["mode"] not in ("namespace", "userns"):
     print(json.dumps(isolation))
     sys.exit(0)
@@ -204,4 +204,4 @@ def test_a_runner_of_the_installed_grader_cannot_reach_its_packages(installed, t
     assert out["read wheel metadata"] == "allowed", out  # site-packages is there: only the grader's folders are empty
     assert out["import oracle"] == out["import grading"] == out["import harness"] == "ModuleNotFoundError", out
     assert out["read rubric"] == "FileNotFoundError", out
-    assert out["list reference"] == out["list submissions"] == out["list fa2_adapters"] == [], out
+    assert out["list reference"] == out["list submissions"] == out["list fa2_sandbox"] == [], out

@@ -1,7 +1,7 @@
 """Confinement for a submission's runner: its own uid, a private view of the disk and network,
 resource limits, and a way to kill every process it ever started.
 
-This is the harness side (used by fa2_adapters.harness: client, scratch, watchdog): `isolation()`
+This is the harness side (used by fa2_sandbox.harness: client, scratch, watchdog): `isolation()`
 probes what this machine allows, once per process and memory limit; `claim_uid`, `kill_uid`,
 `processes` and `rss_bytes` manage one runner's processes; `launch_command` builds the command
 line that starts a runner confined. What runs between the fork and the runner's exec, confining
@@ -50,14 +50,14 @@ import tempfile
 import time
 from pathlib import Path
 
-from fa2_adapters.harness import launcher
-from fa2_adapters.harness.launcher import SYSTEM_BINDS
-from fa2_adapters.harness.launcher import _is_under as _is_under  # scratch.py's too
+from fa2_sandbox.harness import launcher
+from fa2_sandbox.harness.launcher import SYSTEM_BINDS
+from fa2_sandbox.harness.launcher import _is_under as _is_under  # scratch.py's too
 
 LAUNCHER_PY = Path(launcher.__file__).resolve()
 
 # The grader's own top-level packages: what a wheel installs besides its metadata.
-GRADER_PACKAGES = ["reference", "grading", "reporting", "submissions", "fa2_adapters"]
+GRADER_PACKAGES = ["reference", "grading", "reporting", "submissions", "fa2_sandbox"]
 UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # far above any real account
 
 
@@ -94,7 +94,7 @@ def grader_package_folders(binds: list) -> list:
     wherever on sys.path, the one imported too. A checkout outside `binds` is not there at all.
     They hold the reference solutions, the oracle and the rubric with its hidden checks; the
     launcher covers each with an empty folder. The runner needs none of them: it imports the
-    fa2_adapters it trusts (a package of its own, first on its PYTHONPATH) from its scratch copy."""
+    fa2_sandbox it trusts (a package of its own, first on its PYTHONPATH) from its scratch copy."""
     found = set()
     for name in GRADER_PACKAGES:
         spec = importlib.util.find_spec(name)

@@ -1,12 +1,12 @@
 """The sandbox launcher: the code that runs between the fork and a runner's exec.
 
-`python -I fa2_adapters/harness/launcher.py SPEC -- ARGV...` (the command sandbox.launch_command
+`python -I fa2_sandbox/harness/launcher.py SPEC -- ARGV...` (the command confinement.launch_command
 builds) sets hard resource limits, enters new mount and network namespaces, builds a root of its
 own (a tmpfs holding binds of the system folders, the Python install and the runner's scratch
 folder, at their usual paths, plus a private /tmp and /dev/shm; the grader's own packages in that
 Python install covered by an empty read-only tmpfs), chroots into it, drops to the
 runner's uid and execs the runner (in mode "userns": forks the PID namespace's init, which drops
-every capability and forks the runner). The modes and what each confines: sandbox.py. Standard
+every capability and forks the runner). The modes and what each confines: confinement.py. Standard
 library only: it runs as a script, with -I, before anything of the project could be trusted.
 """
 import ctypes

@@ -1,9 +1,9 @@
 """The harness side of the trust boundary: start a submission's runner, call it, survive it.
 
-Each submission gets its own runner subprocess (fa2_adapters.runner.serve) in a private copy of its
-directory (fa2_adapters.harness.scratch), in its own process group, confined by
-fa2_adapters.harness.sandbox: its own uid, the project and the class folder hidden, no network but
-loopback, hard limits on memory, file size, core dumps and process count (see sandbox.py for what
+Each submission gets its own runner subprocess (fa2_sandbox.runner.serve) in a private copy of its
+directory (fa2_sandbox.harness.scratch), in its own process group, confined by
+fa2_sandbox.harness.confinement: its own uid, the project and the class folder hidden, no network but
+loopback, hard limits on memory, file size, core dumps and process count (see confinement.py for what
 each machine allows and the note it logs when it allows less). The runner imports trusted
 modules from a copy of just those (scratch.py), never the project root; the oracle and the
 hidden rubric live only in this process and are never written where a runner can read them.
@@ -13,7 +13,7 @@ error) must come within the import timeout. Each call then sends one request, ta
 the runner cannot guess, and waits for the reply with that tag, following the runner's phase
 messages (at most MAX_PHASES) to say where a failure happened. A reply is validated before it is
 believed: its tag, its status, the type and size of each field, and its tensors, read only from
-the file the tag names (fa2_adapters.wire.tensors).
+the file the tag names (fa2_sandbox.wire.tensors).
 
 A call that outlives its timeout gets the whole group killed (and, with a uid of its own, every
 process of that uid, or in a PID namespace of its own every process in it, so setsid'd children
@@ -36,13 +36,13 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fa2_adapters.harness import sandbox
-from fa2_adapters.harness.discover import Submission
-from fa2_adapters.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
-from fa2_adapters.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
-from fa2_adapters.wire import tensors as wire_tensors
-from fa2_adapters.wire.cases import FlashCase
-from fa2_adapters.wire.channel import Channel, ChannelClosed, ReceiveTimeout
+from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness.discover import Submission
+from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
+from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
+from fa2_sandbox.wire import tensors as wire_tensors
+from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.channel import Channel, ChannelClosed, ReceiveTimeout
 
 LOG_TAIL_BYTES = 8192
 MAX_PHASES = 64
@@ -135,8 +135,8 @@ class SubmissionRunner:
         self.import_timeout = import_timeout
         self.memory_limit = runner_memory_limit() if memory_limit is None else memory_limit
         # probed with this runner's own limit: an RLIMIT_DATA that works may break a smaller one
-        self.isolation = sandbox.isolation(tempfile.gettempdir(), self.memory_limit)
-        self.uid = sandbox.claim_uid() if self.isolation["mode"] in ("namespace", "uid") else None
+        self.isolation = confinement.isolation(tempfile.gettempdir(), self.memory_limit)
+        self.uid = confinement.claim_uid() if self.isolation["mode"] in ("namespace", "uid") else None
         self.scratch_folder = ScratchFolder(submission, self.uid, kept_kernels)
         self.output = OutputTail()
         self.note(self.isolation["note"])
@@ -169,9 +169,9 @@ class SubmissionRunner:
         log_r, log_w = os.pipe()
         # -P: the submission's folder (the cwd) does not go first on sys.path, so a root-level
         # torch/ or triton/ cannot shadow the real ones; the runner adds it after importing them.
-        argv = [sys.executable, "-P", "-m", "fa2_adapters.runner.serve", str(to_runner_r), str(from_runner_w)]
+        argv = [sys.executable, "-P", "-m", "fa2_sandbox.runner.serve", str(to_runner_r), str(from_runner_w)]
         if self.isolation.get("launcher", True):
-            argv = sandbox.launch_command(self.scratch_folder.sandbox_spec(self.isolation, self.memory_limit), argv)
+            argv = confinement.launch_command(self.scratch_folder.sandbox_spec(self.isolation, self.memory_limit), argv)
         self.process = subprocess.Popen(
             argv, cwd=root, env=self.scratch_folder.runner_env(self.isolation, self.env), stdin=subprocess.DEVNULL,
             stdout=log_w, stderr=log_w, pass_fds=(to_runner_r, from_runner_w), start_new_session=True)
@@ -211,7 +211,7 @@ class SubmissionRunner:
         self.stop()
         self.scratch_folder.remove()
         if self.uid is not None:
-            sandbox.release_uid(self.uid)
+            confinement.release_uid(self.uid)
 
     # -- calls -----------------------------------------------------------------------------
     def _died(self, phase: str, what: str = "") -> Reply:

@@ -27,7 +27,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from fa2_adapters.harness.discover import find_submissions
+from fa2_sandbox.harness.discover import find_submissions
 
 GRADER_ROOT = Path(__file__).resolve().parents[1]
 
@@ -66,7 +66,7 @@ def finish_script(reports: Path, args) -> str:
     options = [f"--job-name={args.job_name}-finish", f"--output={reports}/.slurm/finish-%j.log",
                "--time=00:30:00", "--cpus-per-task=1"]
     options += [f"--partition={args.partition}"] if args.partition else []
-    finish = [sys.executable, "-m", "fa2_adapters.slurm", "slurm-finish", f"--reports={reports}",
+    finish = [sys.executable, "-m", "grading.slurm", "slurm-finish", f"--reports={reports}",
               '--job="$1"'] + ([f"--rubric={args.rubric}"] if args.rubric else [])
     return "\n".join(["#!/bin/bash"] + [f"#SBATCH {o}" for o in options] + [
         f"cd {shlex.quote(str(run_folder(reports)))}", " ".join(finish), ""])

@@ -1,6 +1,6 @@
 """What each rank does for the DDP and sharded-optimizer checks. Student-land: raw results only.
 
-`Runner.op_distributed` runs these on the ranks of a fa2_adapters.runner.ranks.RankPool; each
+`Runner.op_distributed` runs these on the ranks of a fa2_sandbox.runner.ranks.RankPool; each
 rank is a spawned process that inherits the runner's sys.path and working directory, imports
 the submission's adapters module itself (once: the pool keeps its ranks from one successful
 call to the next, and starts fresh ones after a failure), trains a reference toy model through
@@ -29,59 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
-from fa2_adapters.runner.errors import describe
-from fa2_adapters.runner.toy_models import (
-    BufferedModel,
-    CourseTokenModel,
-    ToyModel,
-    ToyModelWithTiedWeights,
-    UnevenModel,
-    course_layers,
-)
+from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.wire.toy_models import course_layers
+from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches, training_loss
 
-# The folder holding fa2_adapters/: the runner's trusted copy, never the project itself.
+# The folder holding fa2_sandbox/: the runner's trusted copy, never the project itself.
 TRUSTED_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-MODELS = {"toy": ToyModel, "tied": ToyModelWithTiedWeights, "buffered": BufferedModel, "uneven": UnevenModel,
-          "course": CourseTokenModel}
-FEATURES = {"toy": (10, 5), "tied": (10, 5), "buffered": (10, 5), "uneven": (16, 4)}  # (in, out)
-
-DDP_FLAVOURS = {
-    # flavour: (wrap, on_after_backward, on_train_batch_start or None)
-    "ddp": ("get_ddp", "ddp_on_after_backward", None),
-    "individual": ("get_ddp_individual_parameters", "ddp_individual_parameters_on_after_backward", None),
-    "bucketed": ("get_ddp_bucketed", "ddp_bucketed_on_after_backward", "ddp_bucketed_on_train_batch_start"),
-}
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
                "reduce_scatter_single", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
-
-
-# -- inputs, shared with the harness ----------------------------------------------------------
-
-def build_model(name: str, seed: int) -> torch.nn.Module:
-    """The reference toy model `name`, initialised from `seed`, leaving the global RNG alone."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return MODELS[name]()
-
-
-def make_batches(name: str, seed: int, steps: int, batch: int):
-    """(x, y) of shapes (steps, batch, in) and (steps, batch, out) for model `name`; for the
-    course's token model, token ids (steps, batch, SEQ) and a label per sequence (steps, batch)."""
-    g = torch.Generator().manual_seed(seed)
-    if name == "course":
-        vocab, seq = CourseTokenModel.VOCAB, CourseTokenModel.SEQ
-        return (torch.randint(0, vocab, (steps, batch, seq), generator=g),
-                torch.randint(0, vocab, (steps, batch), generator=g))
-    n_in, n_out = FEATURES[name]
-    return torch.randn(steps, batch, n_in, generator=g), torch.randn(steps, batch, n_out, generator=g)
-
-
-def training_loss(name: str, out: torch.Tensor, y: torch.Tensor) -> torch.Tensor:
-    """The loss model `name` trains on, in float32: the official FSDP tests' cross-entropy of the
-    last position's logits for the token model, mean squared error for the others."""
-    if name == "course":
-        return F.cross_entropy(out[:, -1, :].float(), y)
-    return F.mse_loss(out.float(), y)
 
 
 # -- the collective log -----------------------------------------------------------------------
@@ -146,7 +101,7 @@ class NotAttemptedHere(Exception):
 def trusted_first():
     """Put the trusted modules first on sys.path while ranks start.
 
-    A spawned rank imports torch, this module and fa2_adapters.runner.ranks through the sys.path
+    A spawned rank imports torch, this module and fa2_sandbox.runner.ranks through the sys.path
     it inherits, and the runner's has the submission's root in front, where a top-level torch/
     of the student's would shadow the real one. The rank puts the submission's sys.path back
     (load_submission) once those are imported.

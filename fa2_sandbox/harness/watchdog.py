@@ -20,7 +20,7 @@ import signal
 import threading
 import time
 
-from fa2_adapters.harness import sandbox
+from fa2_sandbox.harness import confinement
 
 LOG_KEEP_BYTES = 1 << 16  # what the runner's output tail holds in memory
 
@@ -56,28 +56,28 @@ class OutputTail:
 
 def kill_runner(process, uid: int | None) -> None:
     """SIGKILL the runner and anything it spawned, including what left its process group."""
-    pidns = sandbox.pid_namespace(process.pid)  # sandbox mode "userns": read while the launcher lives
+    pidns = confinement.pid_namespace(process.pid)  # sandbox mode "userns": read while the launcher lives
     try:
         os.killpg(process.pid, signal.SIGKILL)  # the runner and anything it spawned
     except (ProcessLookupError, PermissionError):
         pass
     if pidns is not None:
-        sandbox.kill_pidns(pidns)  # what left the group, in the runner's PID namespace (never by uid: the grader's)
+        confinement.kill_pidns(pidns)  # what left the group, in the runner's PID namespace (never by uid: the grader's)
     if uid is not None:
-        sandbox.kill_uid(uid)  # and what left the group (setsid, double fork)
+        confinement.kill_uid(uid)  # and what left the group (setsid, double fork)
 
 
 def runner_identity(process, uid: int | None) -> dict:
     """What names a runner's processes for another process of the grader (a timing window pauses
     them, gpu_ledger.py): its process group, its uid if it has its own, its PID namespace if any."""
-    return {"pgid": process.pid, "uid": uid, "pidns": sandbox.pid_namespace(process.pid)}
+    return {"pgid": process.pid, "uid": uid, "pidns": confinement.pid_namespace(process.pid)}
 
 
 def runner_pids(identity: dict) -> list:
     """Every process of the runner `identity` names: of its uid, or of its group and PID namespace."""
     if identity.get("uid") is not None:
-        return sandbox.processes(uid=identity["uid"])
-    return sandbox.processes(pgid=identity["pgid"], pidns=identity.get("pidns"))
+        return confinement.processes(uid=identity["uid"])
+    return confinement.processes(pgid=identity["pgid"], pidns=identity.get("pidns"))
 
 
 def signal_runner(identity: dict, sig: int) -> None:
@@ -151,7 +151,7 @@ class Watchdog:
                 due = now - last_check > (0.25 if self.busy else 5.0)
                 if self.memory_limit and due and self.process.poll() is None:
                     last_check = now
-                    used = sandbox.rss_bytes(self._pids())
+                    used = confinement.rss_bytes(self._pids())
                     if used > self.memory_limit:
                         self.killed_for = (f"its processes held {gib(used)}, over the runner's limit of "
                                            f"{gib(self.memory_limit)}")

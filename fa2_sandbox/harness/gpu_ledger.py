@@ -42,7 +42,7 @@ import threading
 import time
 from pathlib import Path
 
-from fa2_adapters.harness.watchdog import signal_runner
+from fa2_sandbox.harness.watchdog import signal_runner
 
 GIB = 1 << 30
 # What each process on a GPU holds outside any reservation: its CUDA context, cuBLAS's workspace,

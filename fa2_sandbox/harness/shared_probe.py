@@ -1,13 +1,13 @@
 """One isolation probe per grading run, not one per pytest-xdist worker.
 
-sandbox.isolation() starts a confined interpreter that imports torch and touches the GPU: 10 s on
+confinement.isolation() starts a confined interpreter that imports torch and touches the GPU: 10 s on
 an H100 host (notes/grading-speed.md), paid by every worker before its first runner starts, so
 10 s on the critical path of every run, with 16 probes competing for the cores. Instead the
 controller probes once, in a thread, while its workers start and collect (about 10 s there too),
 and writes what it found to a file each worker reads before its first runner.
 
 A worker takes the controller's answer only for the same question: the same host, user,
-GRADER_SANDBOX, scratch parent and memory limit (sandbox.isolation's key). Otherwise, or if the controller's probe
+GRADER_SANDBOX, scratch parent and memory limit (confinement.isolation's key). Otherwise, or if the controller's probe
 raised or never answered, the worker probes itself, as it did before.
 """
 import json
@@ -17,7 +17,7 @@ import threading
 import time
 from pathlib import Path
 
-from fa2_adapters.harness import sandbox
+from fa2_sandbox.harness import confinement
 
 WAIT_S = 600.0  # the probe tries up to 8 launch modes with a 180 s timeout each; usually 10 s
 
@@ -32,7 +32,7 @@ def start(path: Path, scratch_parent: str, data_limit: int) -> threading.Thread:
     def probe():
         answer = {"question": question(scratch_parent, data_limit)}
         try:
-            answer["isolation"] = sandbox.isolation(scratch_parent, data_limit)
+            answer["isolation"] = confinement.isolation(scratch_parent, data_limit)
         except Exception as exc:  # the workers then probe for themselves
             answer["error"] = repr(exc)
         partial = path.with_suffix(".partial")
@@ -45,10 +45,10 @@ def start(path: Path, scratch_parent: str, data_limit: int) -> threading.Thread:
 
 
 def adopt(path: Path, asked: dict) -> None:
-    """In a worker: sandbox.isolation() will take the controller's answer for the same question,
+    """In a worker: confinement.isolation() will take the controller's answer for the same question,
     waiting for it when first asked, or probe itself when there is none."""
     if asked == question(asked["scratch_parent"], asked["data_limit"]):
-        sandbox.answer_isolation_with(asked["scratch_parent"], asked["data_limit"], lambda: _answer(path, asked))
+        confinement.answer_isolation_with(asked["scratch_parent"], asked["data_limit"], lambda: _answer(path, asked))
 
 
 def _answer(path: Path, asked: dict) -> dict | None:

@@ -1,6 +1,6 @@
 """The runner: the only process that ever imports a submission's code.
 
-Started by fa2_adapters.harness.client as `python -m fa2_adapters.runner.serve READ_FD WRITE_FD`, with its working
+Started by fa2_sandbox.harness.client as `python -m fa2_sandbox.runner.serve READ_FD WRITE_FD`, with its working
 directory in a private copy of the submission and its output going to a log file. It imports
 the adapters file, then serves requests: build inputs from a seed and a case, run the student's
 code, write the raw tensors to the exchange folder and say what happened. It judges nothing:
@@ -21,12 +21,13 @@ from pathlib import Path
 # called `torch` or `triton` cannot shadow them.
 import torch
 
-from fa2_adapters.runner import course_env, distributed_ops, flash_call, instruments
-from fa2_adapters.runner.errors import describe
-from fa2_adapters.runner.ranks import RankPool
-from fa2_adapters.wire import tensors as wire_tensors
-from fa2_adapters.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
-from fa2_adapters.wire.channel import Channel
+from fa2_sandbox.runner import distributed_ops, flash_call, instruments
+from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.runner.ranks import RankPool
+from fa2_sandbox.wire import course_env
+from fa2_sandbox.wire import tensors as wire_tensors
+from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
+from fa2_sandbox.wire.channel import Channel
 
 try:
     import triton  # noqa: F401
@@ -273,7 +274,7 @@ class Runner:
         return {"tensors": self.save(request["tag"], got), "iters": len(seeds)}
 
     def op_distributed(self, request: dict) -> dict:
-        """Train on spawned ranks (fa2_adapters.runner.distributed_ops); per scenario, what each rank returned.
+        """Train on spawned ranks (fa2_sandbox.runner.distributed_ops); per scenario, what each rank returned.
 
         Gloo on CPU tensors, GPUs or not: the checks are about numerics and the order of
         collectives, which gloo shows as well as NCCL would (the course's own tests use gloo
@@ -352,7 +353,7 @@ def main() -> None:
     faulthandler.enable()  # a segfault leaves its Python stack in the log
     config = channel.receive()
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
-        from fa2_adapters.runner.triton_interpreter import ensure_bf16
+        from fa2_sandbox.runner.triton_interpreter import ensure_bf16
         ensure_bf16(interpreted=True)
     root = Path(config["root"])
     adapters_file = root / config["adapters_file"]

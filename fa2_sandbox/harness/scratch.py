@@ -3,8 +3,8 @@
 The folder is a fresh temporary folder with no name of the submission in it (the system's temp
 folder is listable by all), mode 0711: others pass through it but cannot list it. Inside:
 
-- `trusted/`: a copy of just the modules the runner trusts (TRUSTED_MODULES: fa2_adapters/runner/
-  and fa2_adapters/wire/). The runner imports trusted modules from it (first on its PYTHONPATH),
+- `trusted/`: a copy of just the modules the runner trusts (TRUSTED_MODULES: fa2_sandbox/runner/
+  and fa2_sandbox/wire/). The runner imports trusted modules from it (first on its PYTHONPATH),
   never from the project root, so the reference solutions and the oracle are not on its path;
   the oracle and the hidden rubric live only in the grader's process and are never written
   where a runner can read them.
@@ -14,7 +14,7 @@ folder is listable by all), mode 0711: others pass through it but cannot list it
   bundled submissions of a grader checkout (BUNDLED_SUBMISSIONS) may link outside their folder,
   into that checkout's reference/ (`linked_reference`).
   Special files and what COPY_IGNORE names are skipped; every link not copied is noted.
-- `exchange/` (where replies' tensors travel: fa2_adapters.wire.tensors) and `home/` (its HOME,
+- `exchange/` (where replies' tensors travel: fa2_sandbox.wire.tensors) and `home/` (its HOME,
   TMPDIR and caches). Its Triton cache, `home/.triton/cache`, starts as a copy of the kernels
   this submission's runners compiled before, where the caller keeps them (kernel_cache.py), and
   goes back there when the folder is removed.
@@ -25,7 +25,7 @@ the runner can change none of the code it trusts and no other runner can read it
 it has none (sandbox mode "none", which its log says), it can read and write all of them; in
 mode "userns" all but `trusted/`, which its root holds read-only.
 
-The sandbox spec (for fa2_adapters.harness.sandbox's launcher) sets hard limits: no core dumps,
+The sandbox spec (for fa2_sandbox.harness.confinement's launcher) sets hard limits: no core dumps,
 FILE_LIMIT bytes per file, the runner's memory limit as RLIMIT_DATA where the sandbox probe says
 it works, NPROC_LIMIT processes for a uid of its own; in a namespace, a root holding only system
 folders, Python and this scratch folder (the project, the submission's original and GRADER_HIDE
@@ -39,14 +39,14 @@ import sys
 import tempfile
 from pathlib import Path
 
-from fa2_adapters.harness import kernel_cache, sandbox
-from fa2_adapters.harness.discover import Submission
+from fa2_sandbox.harness import confinement, kernel_cache
+from fa2_sandbox.harness.discover import Submission
 
 PROJECT_ROOT = Path(__file__).resolve().parents[2]
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wandb", "*.pt", "*.ckpt")
 # What the runner imports from the project: copied into its scratch folder, nothing else.
 # The runner side and the wire: exactly the code the runner trusts.
-TRUSTED_MODULES = ["fa2_adapters/__init__.py", "fa2_adapters/runner/*.py", "fa2_adapters/wire/*.py"]
+TRUSTED_MODULES = ["fa2_sandbox/__init__.py", "fa2_sandbox/runner/*.py", "fa2_sandbox/wire/*.py"]
 # A checkout's bundled submissions link into its reference/: the only links that may leave a submission.
 BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
@@ -123,9 +123,9 @@ class ScratchFolder:
                 path = os.path.join(directory, name)
                 target = os.path.realpath(path)
                 if os.path.islink(path):
-                    inside = sandbox._is_under(target, str(root))
-                    cycle = os.path.isdir(target) and sandbox._is_under(here, target)
-                    allowed = inside or (reference is not None and sandbox._is_under(target, str(reference)))
+                    inside = confinement._is_under(target, str(root))
+                    cycle = os.path.isdir(target) and confinement._is_under(here, target)
+                    allowed = inside or (reference is not None and confinement._is_under(target, str(reference)))
                     if not os.path.exists(target) or cycle or not allowed:
                         skipped.add(name)
                         self.copy_notes.append(f"{os.path.relpath(path, self.submission.root)} (a link "
@@ -160,9 +160,9 @@ class ScratchFolder:
         if spec["namespace"]:  # the runner's root: system folders, Python, its scratch folder
             hide = [str(PROJECT_ROOT), str(self.submission.root)]
             hide += [p for p in os.environ.get("GRADER_HIDE", "").split(os.pathsep) if p]
-            binds = sandbox.root_binds(hide)
+            binds = confinement.root_binds(hide)
             spec.update(binds=binds, scratch=os.path.realpath(self.path),
-                        covered=sandbox.grader_package_folders(binds))
+                        covered=confinement.grader_package_folders(binds))
         return spec
 
     def runner_env(self, isolation: dict, overrides: dict) -> dict:

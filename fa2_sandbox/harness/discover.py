@@ -28,7 +28,7 @@ from pathlib import Path
 
 import yaml
 
-from fa2_adapters.runner import course_env
+from fa2_sandbox.wire import course_env
 
 ADAPTER_LOCATIONS = ("tests/adapters.py", "adapters.py")
 

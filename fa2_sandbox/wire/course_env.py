@@ -7,8 +7,8 @@ puts the path dependencies that live inside the submission on sys.path (with dis
 since modules call importlib.metadata.version on them), and the report says which declared
 packages this grader's Python lacks, so whoever runs the grader can install them.
 
-Reads files only, never imports the submission's code: the harness (fa2_adapters.harness.discover) calls it
-for the report's notes and the runner (fa2_adapters.runner.serve) for its sys.path. A path that leaves the
+Reads files only, never imports the submission's code: the harness (fa2_sandbox.harness.discover) calls it
+for the report's notes and the runner (fa2_sandbox.runner.serve) for its sys.path. A path that leaves the
 submission (`../cs336-assignment1`, an absolute path, a link outside) is refused and reported,
 never followed.
 """
