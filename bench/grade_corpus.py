@@ -156,7 +156,7 @@ def grade(grader: Path, reports: Path, workers: int, select: str, log: Path, tim
         except subprocess.TimeoutExpired:
             out.write(f"\nstopped after {timeout:.0f} s; results assembled from the checks that finished\n")
             sys.path.insert(0, str(grader))
-            from grading.record_store import assemble
+            from grading.results.scoring import assemble
             from grading.rubric import Rubric
             for folder in sorted(p for p in reports.iterdir() if (p / "checks").is_dir()):
                 assemble(reports, folder.name, Rubric())

@@ -7,7 +7,7 @@ submission's results.json, builds the HTML reports and prints where the time wen
 tail of a group that proves slow, which idle workers share (grading/scheduler.py); a group is one
 shard of a submission (grading/shards.py), so one submission spreads over workers too.
 
-Only the controller writes under reports/ (grading/record_store.py says which file is
+Only the controller writes under reports/ (grading/results/store.py says which file is
 whose): workers send what they find on the test reports' user_properties, the check record as
 "grading_check" (CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's
 facts as "grading_runner" and, once, the tests they collected as "grading_collected".
@@ -36,11 +36,12 @@ from fa2_sandbox.harness import kernel_cache, shared_probe
 from fa2_sandbox.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_sandbox.harness.discover import defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
-from grading import record_store, shards
+from grading import shards
 from grading.durations import Durations
+from grading.results import scoring, store
+from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric, RubricError
 from reporting.build import build_reports
-from reporting.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 
 
 def check_id(item) -> str:
@@ -317,7 +318,7 @@ def grading_seed(config, reports: Path) -> int:
         return seed
     if hasattr(config, "workerinput"):
         return config.workerinput["grading_seed"]
-    return record_store.secret_seed(reports)
+    return store.secret_seed(reports)
 
 
 def environment(on_gpu: bool) -> dict:
@@ -390,7 +391,7 @@ class GradingPlugin:
         self.pending = {}  # submission name -> checks not yet reported (controller only)
         # Test ids collected this session per submission, before -k / --deselect, and the modules
         # collected whole: what a complete result needs, and which old records are stale (see
-        # record_store.current_records). Workers collect; the controller learns it from their reports.
+        # store.current_records). Workers collect; the controller learns it from their reports.
         self.collected = {}
         self.modules = set()
         self._collected_sent = False
@@ -469,17 +470,17 @@ class GradingPlugin:
             return
         self._show_rubric()
         # Check files are kept: a check this session does not run keeps its last result, and one
-        # it runs is overwritten (record_store.assemble decides which records are current). The
+        # it runs is overwritten (scoring.assemble decides which records are current). The
         # runner's facts stay too until this session's runner replaces them.
         for s in self.state.submissions:
-            old = record_store.read_info(self.state.reports, s.name)
+            old = store.read_info(self.state.reports, s.name)
             self.info[s.name] = {
                 "student": s.student, "student_id": s.student_id, "email": s.email, "students": s.students,
                 "seed": self.state.seed,
                 "ungradable": s.problem or old.get("ungradable"),
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **{key: old[key] for key in ("runner_log_tail", "runner_logs") if old.get(key)}}
-            record_store.write_info(self.state.reports, s.name, self.info[s.name])
+            store.write_info(self.state.reports, s.name, self.info[s.name])
         names = ", ".join(s.name for s in self.state.submissions) or "none"
         self._say(f"grading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
 
@@ -649,7 +650,7 @@ class GradingPlugin:
         # a thief's runner would not know, and would wait out the timeout again.
         if record.outcome == "timeout" and self.scheduler is not None and "@" in report.nodeid:
             self.scheduler.keep_whole(report.nodeid.rsplit("@", 1)[1])
-        record_store.write_check(self.state.reports, record)
+        store.write_check(self.state.reports, record)
         self._count_done(record.submission)
 
     def _note_runner(self, facts):
@@ -668,18 +669,18 @@ class GradingPlugin:
         if facts.get("runner_logs"):
             info.setdefault("runner_logs", {}).update(facts["runner_logs"])
             info["runner_log_tail"] = joined_logs(info["runner_logs"])
-        record_store.write_info(self.state.reports, name, info)
+        store.write_info(self.state.reports, name, info)
 
     def _save_collected(self):
         """What a full run holds, per submission, into collected.json (the controller's file)."""
         if self.config.option.collectonly:
             return
         for s in self.state.submissions:
-            record_store.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
+            store.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
                                           self.modules)
 
     def _assemble(self, name):
-        return record_store.assemble(self.state.reports, name, self.state.rubric)
+        return scoring.assemble(self.state.reports, name, self.state.rubric)
 
     # -- progress --------------------------------------------------------------------------
     def pytest_collection_finish(self, session):

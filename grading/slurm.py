@@ -7,7 +7,7 @@
 Plain sbatch, no scheduler of our own: the class's submissions are split into the tasks of one
 array job; each task runs the ordinary grader (`python -m pytest -n auto --impl ...`) on its
 share, on a node of its own, writing into the shared reports folder (every file there is
-per submission or written whole, and the seed is drawn once per folder: record_store). A job
+per submission or written whole, and the seed is drawn once per folder: grading/results/store.py). A job
 that depends on the whole array (afterany) then runs `fa2-grade slurm-finish`: it asks Slurm
 how each task ended, marks every submission of a task that did not end normally as
 "not graded (Slurm job J_T ended: TIMEOUT)" on its page and the class page, and builds the
@@ -140,7 +140,7 @@ def task_states(job: str) -> dict:
 
 def finish(args) -> int:
     """Mark the submissions of every task that did not complete, then build the pages once."""
-    from grading import record_store
+    from grading.results import scoring, store
     from grading.rubric import Rubric
     from reporting.build import build_reports
 
@@ -154,13 +154,13 @@ def finish(args) -> int:
         ended = states.get(task, "UNKNOWN, Slurm keeps no record of it: cancelled before it started, or ended "
                                  "long ago on a cluster without accounting")
         for name in state["shares"][task]:
-            info = record_store.read_info(reports, name)
+            info = store.read_info(reports, name)
             if ended == "COMPLETED":
                 info.pop("interrupted", None)
             else:
                 info["interrupted"] = f"not graded (Slurm job {args.job}_{task} ended: {ended})"
-            record_store.write_info(reports, name, info)
-            record_store.assemble(reports, name, rubric)
+            store.write_info(reports, name, info)
+            scoring.assemble(reports, name, rubric)
         print(f"task {task}: {ended} ({len(state['shares'][task])} submissions)"
               + ("" if ended == "COMPLETED" else f"; regrade it alone: fa2-grade slurm --regrade {task} "
                                                  f"--reports {reports}"))

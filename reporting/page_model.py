@@ -1,11 +1,11 @@
 """Read reports/<name>/results.json into what the templates show: a SubmissionReport per file,
-its parts, and its checks as reporting.record.CheckRecord (CheckRecord.from_gradescope).
+its parts, and its checks as grading.results.record.CheckRecord (CheckRecord.from_gradescope).
 
 results.json is written by the grading plugin in Gradescope's schema, but everything in it is
 treated as untrusted and possibly incomplete: a missing key degrades to a dash, never a crash,
 because a page that fails to build hides the very submission someone needs to look at.
 
-Parts come in the order results.json lists them (the rubric's, as record_store.assemble writes
+Parts come in the order results.json lists them (the rubric's, as scoring.assemble writes
 them), labelled as it labels them, the part's key standing in for a missing label.
 """
 import json
@@ -13,7 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .record import CheckRecord, as_dict, as_number, as_text
+from grading.results.record import CheckRecord, as_dict, as_number, as_text
 
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}

@@ -25,10 +25,10 @@ from types import SimpleNamespace
 
 import pytest
 
-from grading import record_store
+from grading.results import scoring, store
+from grading.results.record import CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
 from reporting import build_reports
-from reporting.record import CheckRecord, grader_error_diagnosis
 
 from .test_reports import table_rows
 
@@ -68,11 +68,11 @@ def pytest_collection_finish(session):
 NO_WORKER_WRITES = '''
 def pytest_configure(config):
     if hasattr(config, "workerinput"):
-        from grading import record_store
+        from grading.results import store
 
         def refuse(path, data):
             raise AssertionError(f"a worker wrote {path}")
-        record_store.write_json = refuse
+        store.write_json = refuse
 '''
 
 
@@ -273,13 +273,13 @@ def _hammer(reports: str, seconds: float, tag: int):
     end = time.monotonic() + seconds
     n = 0
     while time.monotonic() < end:
-        record_store.write_info(Path(reports), "alice",
+        store.write_info(Path(reports), "alice",
                                 {"writer": tag, "n": n, "runner_log_tail": "x" * (20000 + tag)})
         n += 1
 
 
 def test_info_json_written_by_several_processes_is_always_whole(tmp_path):
-    record_store.write_info(tmp_path, "alice", {"writer": -1})
+    store.write_info(tmp_path, "alice", {"writer": -1})
     ctx = multiprocessing.get_context("spawn")
     writers = [ctx.Process(target=_hammer, args=(str(tmp_path), 3.0, i)) for i in range(3)]
     for w in writers:
@@ -316,7 +316,7 @@ def ids(*cases):
 
 def test_assemble_counts_only_current_records(tmp_path):
     rubric = Rubric()
-    write = lambda r: record_store.write_check(tmp_path, r)
+    write = lambda r: store.write_check(tmp_path, r)
     write(record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]"))
     write(record("flash_pytorch::forward[b]", nodeid=f"{MOD}::test_forward[alice-pytorch-b]"))
     write(record("flash_pytorch::forward[old]", "failed", nodeid=f"{MOD}::test_forward[alice-pytorch-old]"))
@@ -327,7 +327,7 @@ def test_assemble_counts_only_current_records(tmp_path):
 
     # A session that collected test_flash.py only: the renamed case ("old") and the legacy record
     # do not count; the DDP record, from a module this session did not collect, keeps its result.
-    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b"), modules={MOD})
+    graded = scoring.assemble(tmp_path, "alice", rubric, expected=ids("a", "b"), modules={MOD})
     names = sorted(t["name"] for t in graded["tests"])
     assert names == ["alice::ddp::equivalence[x]", "alice::flash_pytorch::forward[a]",
                      "alice::flash_pytorch::forward[b]"]
@@ -337,7 +337,7 @@ def test_assemble_counts_only_current_records(tmp_path):
     assert by_name(graded)["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(round(points / 2, 4))
 
     # One more collected case that never ran: incomplete, and the output says so first.
-    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c"), modules={MOD})
+    graded = scoring.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c"), modules={MOD})
     assert graded["extra_data"]["incomplete"] is True
     assert graded["output"].startswith("incomplete: 3 of 4 checks graded (1 never run)")
     assert [u["nodeid"] for u in graded["extra_data"]["ungraded"]] == sorted(ids("c"))
@@ -348,8 +348,8 @@ def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
     the group's whole points, and the maximum stays the rubric's (the unrun three hold theirs)."""
     rubric = Rubric()
     ran = record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]")
-    record_store.write_check(tmp_path, ran)
-    graded = record_store.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c", "d"), modules={MOD})
+    store.write_check(tmp_path, ran)
+    graded = scoring.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c", "d"), modules={MOD})
     points = rubric.points("flash_pytorch.forward.course")
     assert graded["score"] == pytest.approx(points / 4) and graded["max_score"] == pytest.approx(rubric.total())
     assert graded["extra_data"]["incomplete"] is True
@@ -361,12 +361,12 @@ def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
 
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
     nodeid = f"{MOD}::test_forward[alice-pytorch-a]"
-    record_store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
+    store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
     time.sleep(0.01)
     # The same test, renamed check (a stand-in written when the grader failed in a fixture, say)
-    record_store.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", nodeid=nodeid, group="",
+    store.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", nodeid=nodeid, group="",
                                          stand_in=True, diagnosis="not graded: the grader itself failed (x)"))
-    graded = record_store.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
+    graded = scoring.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
     assert [t["name"] for t in graded["tests"]] == ["alice::grader::test_forward[a]"]
     assert "grader" not in graded["extra_data"]["parts"]  # a stand-in makes no part of its own
     assert graded["extra_data"]["incomplete"] is True and graded["score"] == 0
@@ -380,8 +380,8 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
                     diagnosis=grader_error_diagnosis(["KeyError: 'o' at x.py:1", "KeyError: 'o' at x.py:1"]),
                     attempts=["KeyError: 'o' at x.py:1"] * 2)
     for r in (good, broken):
-        record_store.write_check(tmp_path, r)
-    graded = record_store.assemble(tmp_path, "alice", rubric, expected={"a", "b"}, modules={MOD})
+        store.write_check(tmp_path, r)
+    graded = scoring.assemble(tmp_path, "alice", rubric, expected={"a", "b"}, modules={MOD})
     share = round(rubric.points("flash_pytorch.forward.course") / 2, 4)
     tests = by_name(graded)
     assert tests["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(share)
@@ -401,8 +401,8 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
 
 
 def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
-    record_store.write_check(tmp_path, record("flash_pytorch::forward[a]", nodeid="a"))
-    record_store.assemble(tmp_path, "alice", Rubric(), expected={"a", "secret-hidden-case"}, modules={MOD})
+    store.write_check(tmp_path, record("flash_pytorch::forward[a]", nodeid="a"))
+    scoring.assemble(tmp_path, "alice", Rubric(), expected={"a", "secret-hidden-case"}, modules={MOD})
     build_reports(tmp_path, student_view=True)
     page = (tmp_path / "alice" / "index.html").read_text()
     assert "secret-hidden-case" not in page
@@ -411,18 +411,18 @@ def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
 
 def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
     flash, ddp = "grading.checks.test_flash", "grading.checks.test_distributed"
-    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"],
+    store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b]", f"{ddp}::d[x]"],
                                   {flash, ddp})
     # A later session names one flash test by its id: it adds, it does not shrink the module.
-    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[new]"], set())
-    expected, whole = record_store.load_collected(tmp_path, "alice")
+    store.update_collected(tmp_path, "alice", [f"{flash}::t[new]"], set())
+    expected, whole = store.load_collected(tmp_path, "alice")
     assert expected == {f"{flash}::t[a]", f"{flash}::t[b]", f"{flash}::t[new]", f"{ddp}::d[x]"}
     assert whole == {flash, ddp}
     # The whole module collected again, a case renamed: the old one is gone.
-    record_store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b2]"], {flash})
-    expected, _ = record_store.load_collected(tmp_path, "alice")
+    store.update_collected(tmp_path, "alice", [f"{flash}::t[a]", f"{flash}::t[b2]"], {flash})
+    expected, _ = store.load_collected(tmp_path, "alice")
     assert expected == {f"{flash}::t[a]", f"{flash}::t[b2]", f"{ddp}::d[x]"}
-    assert record_store.load_collected(tmp_path, "nobody") == (None, None)
+    assert store.load_collected(tmp_path, "nobody") == (None, None)
 
 
 # -- progress ------------------------------------------------------------------------------------

@@ -9,7 +9,7 @@ from types import SimpleNamespace
 import pytest
 
 from fa2_sandbox.harness.discover import IDENTITY_CHARS, load_submission
-from grading import record_store
+from grading.results import scoring, store
 from reporting import build_reports
 from reporting.build import GRADESCOPE_COLUMNS
 
@@ -97,10 +97,10 @@ def test_the_identity_travels_through_info_json_into_results_json(tmp_path):
     """plugin.py writes these into info.json; assemble copies them into extra_data."""
     sub = submission(tmp_path / "subs" / "bob", submission_metadata__yml=GROUP_YML)
     reports = tmp_path / "reports"
-    record_store.write_info(reports, sub.name, {"student": sub.student, "student_id": sub.student_id,
+    store.write_info(reports, sub.name, {"student": sub.student, "student_id": sub.student_id,
                                                 "email": sub.email, "students": sub.students})
     rubric = SimpleNamespace(parts={}, groups=[], points=lambda group: 0.0, weights=lambda excused: {})
-    extra = record_store.assemble(reports, sub.name, rubric, expected=[], modules=set())["extra_data"]
+    extra = scoring.assemble(reports, sub.name, rubric, expected=[], modules=set())["extra_data"]
     assert (extra["student"], extra["student_id"], extra["email"]) == (sub.student, sub.student_id, sub.email)
     assert extra["students"] == sub.students
 

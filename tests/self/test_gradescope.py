@@ -1,10 +1,10 @@
-"""What Gradescope gets: one test per rubric group (reporting/gradescope.py), valid against its
+"""What Gradescope gets: one test per rubric group (grading/results/gradescope.py), valid against its
 specification, and partial credit when the autograder's time limit kills a run.
 
 - The grouped file: numbered in course order, adding up to the total, a failing group listing
   its failed cases with their diagnoses, no status where checks were not graded, Markdown in a
   student's text escaped, and every field of Gradescope's results.json specification valid.
-- `python -m grading.record_store --reports DIR` assembles check files with no results.json.
+- `python -m grading.results --reports DIR` assembles check files with no results.json.
 - run_autograder, with a stand-in for pytest that records checks and is then killed by the time
   limit (a real grading run takes minutes): the student gets the checks recorded, marked incomplete.
 """
@@ -18,10 +18,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from grading import record_store
+from grading.results import gradescope, scoring, store
+from grading.results.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
-from reporting import gradescope
-from reporting.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
 from tests.self.fixtures.make_results import rubric_text
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -135,11 +134,11 @@ def test_groups_with_unsettled_checks_have_no_status(tmp_path, grouped):
     # A grader error, written and assembled as the plugin does: assemble writes gradescope.json too.
     rubric = Rubric()
     for case, outcome in (("a", "passed"), ("b", GRADER_ERROR)):
-        record_store.write_check(tmp_path, CheckRecord(
+        store.write_check(tmp_path, CheckRecord(
             "alice", "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
             outcome=outcome, nodeid=f"{MOD}::test_forward[alice-pytorch-{case}]",
             diagnosis=grader_error_diagnosis(["KeyError: 'o'"]) if outcome == GRADER_ERROR else ""))
-    record_store.assemble(tmp_path, "alice", rubric, expected=None, modules=None)
+    scoring.assemble(tmp_path, "alice", rubric, expected=None, modules=None)
     out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
     test = next(t for t in out["tests"] if t["extra_data"]["group"] == "flash_pytorch.forward.course")
     assert "status" not in test and "1 not graded yet" in test["output"]
@@ -204,32 +203,32 @@ def test_per_check_results_json_is_valid_too():
 def write_partial_run(reports: Path, submission="alice", recorded=("a", "b", "c"), expected=("a", "b", "c", "d")):
     """What a run killed mid-way leaves: collected.json and a check file per finished check, no results."""
     nodeid = lambda case: f"{MOD}::test_forward[{submission}-pytorch-{case}]"
-    record_store.update_collected(reports, submission, [nodeid(c) for c in expected], {MOD})
+    store.update_collected(reports, submission, [nodeid(c) for c in expected], {MOD})
     for case in recorded:
-        record_store.write_check(reports, CheckRecord(
+        store.write_check(reports, CheckRecord(
             submission, "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
             outcome="failed" if case == "c" else "passed", diagnosis="wrong" if case == "c" else "",
             nodeid=nodeid(case)))
 
 
-def test_record_store_command_assembles_check_files(tmp_path):
+def test_results_command_assembles_check_files(tmp_path):
     write_partial_run(tmp_path)
     assert not (tmp_path / "alice" / "results.json").exists()
-    run = subprocess.run([sys.executable, "-m", "grading.record_store", "--reports", str(tmp_path)],
+    run = subprocess.run([sys.executable, "-m", "grading.results", "--reports", str(tmp_path)],
                          cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert run.returncode == 0, run.stderr
     assert "alice:" in run.stdout and "incomplete: 3 of 4 checks graded" in run.stdout
     results = json.loads((tmp_path / "alice" / "results.json").read_text())
     out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
     assert out["score"] == results["score"] > 0 and out["output"].startswith("incomplete: 3 of 4 checks graded")
-    empty = subprocess.run([sys.executable, "-m", "grading.record_store", "--reports", str(tmp_path / "none")],
+    empty = subprocess.run([sys.executable, "-m", "grading.results", "--reports", str(tmp_path / "none")],
                            cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert empty.returncode == 1  # nothing recorded: run_autograder falls back to its own results.json
 
 
 # Stands in for the Python run_autograder calls: `-m pytest` leaves what a killed run leaves (the
 # check files in $PREPARED) and hangs until the time limit kills it; anything else (the
-# record_store command, the final copy) is the real Python.
+# grading.results command, the final copy) is the real Python.
 FAKE_PYTHON = textwrap.dedent('''\
     #!/usr/bin/env bash
     if [[ "$1 $2" == "-m pytest" ]]; then
@@ -281,10 +280,10 @@ def write_class_member(reports: Path, submission: str, skipped: set, failed: set
         nodeid = f"grading.checks.test_{part}::test_{check}[{submission}-{group}]"
         nodeids.append(nodeid)
         outcome = "skipped" if group in skipped else "failed" if group in failed else "passed"
-        record_store.write_check(reports, CheckRecord(submission, part, check, case=group, tier=(tier or [""])[0],
+        store.write_check(reports, CheckRecord(submission, part, check, case=group, tier=(tier or [""])[0],
                                                       group=group, outcome=outcome, nodeid=nodeid))
-    record_store.update_collected(reports, submission, nodeids, set())
-    return record_store.assemble(reports, submission, rubric)
+    store.update_collected(reports, submission, nodeids, set())
+    return scoring.assemble(reports, submission, rubric)
 
 
 def test_every_submission_is_graded_out_of_the_same_total(tmp_path):

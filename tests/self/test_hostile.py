@@ -33,7 +33,7 @@ from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire.cases import FlashCase
-from grading import record_store
+from grading.results import store
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
@@ -145,7 +145,7 @@ def run_class(base: Path) -> dict:
 
 def class_seed(run: dict) -> int:
     """The seed the class session drew its inputs from (its reports folder's secret seed)."""
-    return record_store.secret_seed(run["reports"])
+    return store.secret_seed(run["reports"])
 
 
 def run_solo(base: Path, name: str) -> dict:

@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
+from grading.results.record import CheckRecord
 from reporting import build_reports, main, plots
 from reporting.classstats import case_families, check_families, family_rates
 from reporting.page_model import load_all
-from reporting.record import CheckRecord
 from tests.self.fixtures import make_results
 
 FIXTURES = Path(__file__).parent / "fixtures" / "results"

@@ -274,7 +274,7 @@ def test_a_group_that_timed_out_is_kept_whole(tmp_path):
     """The controller's plugin marks the group of a check that timed out as not to be split."""
     from grading.durations import Durations
     from grading.plugin import GradingPlugin
-    from reporting.record import CheckRecord
+    from grading.results.record import CheckRecord
 
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),

@@ -2,7 +2,7 @@
 
 results.json has a test per check (~180 of 0.1 to 1.33 points), which the HTML pages, grades.csv
 and bench/ read. Gradescope shows every test of the file it gets as a box, so `grouped` turns one
-results.json into the file Gradescope gets (record_store.assemble writes it as gradescope.json):
+results.json into the file Gradescope gets (scoring.assemble writes it as gradescope.json):
 a test per rubric group (~37), numbered in course order, that says how many of its checks passed
 and why the others did not, each diagnosis once with the cases that share it.
 
@@ -15,7 +15,7 @@ results.json is read through CheckRecord.from_gradescope, which never raises on 
 malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
-from .record import NOT_GRADED_HERE, UNSETTLED, CheckRecord, as_dict, as_number, as_text
+from grading.results.record import NOT_GRADED_HERE, UNSETTLED, CheckRecord, as_dict, as_number, as_text
 
 MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
 MAX_CASES = 6  # cases named on one line; the rest are counted

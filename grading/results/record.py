@@ -2,10 +2,9 @@
 
 A CheckRecord is what the grader found for one check (grading/plugin.py Check fills it),
 what travels from an xdist worker to the controller (`to_json`, on the test report), what a
-check file holds (grading/record_store.py), one entry of Gradescope's results.json
-`tests[]` once scored (`to_gradescope`), and what the report pages show (`from_gradescope`,
-reporting/page_model.py). It lives in `reporting`, the installed package, because both sides
-import it and `tests` is not installed.
+check file holds (grading/results/store.py), one entry of Gradescope's results.json
+`tests[]` once scored (grading/results/scoring.py, `to_gradescope`), and what the report pages
+show (`from_gradescope`, reporting/page_model.py).
 
 Invariants:
 - `name` is "<submission>::<part>::<check>[<case>]" (no brackets without a case): check files
@@ -81,7 +80,7 @@ class CheckRecord:
     nodeid: str | None = None  # the pytest test id, without xdist's "@group"
     recorded_at: float | None = None  # when the controller wrote the check file
     stand_in: bool = False  # made by the plugin for a test that failed before it made its check
-    # What scoring adds (record_store.assemble), or reading results.json gives back.
+    # What scoring adds (scoring.assemble), or reading results.json gives back.
     score: float = 0.0
     max_score: float = 0.0
     visibility: str = "visible"

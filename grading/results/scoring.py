@@ -1,0 +1,158 @@
+"""Scoring: the current check records of one submission, scored with the rubric, into Gradescope's
+results.json and the grouped gradescope.json (grading/results/gradescope.py).
+
+`python -m grading.results --reports DIR` assembles every submission's check files after a run was
+killed before its end (run_autograder's time limit).
+"""
+from collections import Counter
+from pathlib import Path
+
+from grading.results import gradescope, store
+from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE
+from grading.rubric import Rubric
+
+
+def _function(nodeid: str) -> str:
+    """"grading.checks.test_flash::test_forward[alice-...]" -> "grading.checks.test_flash::test_forward"."""
+    return nodeid.split("[", 1)[0]
+
+
+def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None) -> dict:
+    """Score every current check of one submission and write reports/<submission>/results.json.
+
+    expected / modules: the tests a full run holds and the modules collected whole (see
+    current_records); by default what <submission>/collected.json says. An expected test with
+    no record counts as not graded, and so does a check the grader itself failed on: then the
+    submission is incomplete, and its output says so first.
+    """
+    folder = reports / submission
+    if expected is None:
+        expected, modules = store.load_collected(reports, submission)
+    records = store.current_records(folder, expected, modules)
+    info = store.read_info(reports, submission)
+
+    # The maximum is the rubric's total, the same for every submission (Rubric.weights): a group none
+    # of whose checks apply (all skipped: ddp.bucketing for a 2026-template submission, FSDP for a
+    # 2025 one, a replay whose case never answered) shares its points out over the others. A group's
+    # points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
+    # one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
+    # total is provisional or incomplete, not smaller.
+    applying = [r for r in records if r.outcome != "skipped"]
+    group_sizes = Counter(r.group for r in applying)
+    skipped_groups = {r.group for r in records} - set(group_sizes)
+    weights = rubric.weights(skipped_groups)
+    # A run stopped early (a time limit, -x) leaves tests never run, whose groups nobody knows
+    # until they run. Each is counted in every group its test function's recorded checks belong
+    # to, so a group's recorded checks never share out points that unrun ones may yet earn: partial
+    # credit errs low, never high (the total says it is incomplete either way).
+    recorded = {r.nodeid for r in records}
+    never_run = sorted(set(expected or ()) - recorded)
+    groups_of_function = {}
+    for r in applying:
+        groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
+    unrecorded = Counter(g for n in never_run for g in groups_of_function.get(_function(n), ()))
+    group_sizes.update(unrecorded)
+    def new_part(label):
+        return {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
+
+    parts = {key: new_part(label) for key, label in rubric.parts.items()}  # the rubric's order: the pages
+    for group in rubric.groups:
+        if group in skipped_groups:
+            continue
+        # the points no recorded check of the group holds: all of them, or the unrun checks' share
+        waiting = weights[group] * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
+        if waiting:
+            part = parts.setdefault(group.split(".")[0], new_part(group.split(".")[0]))
+            part["max_score"] += waiting
+            if rubric.advice(group):
+                part["advice_score"] = part.get("advice_score", 0.0)
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + waiting
+    tests = []
+    ungraded = []
+    for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
+        skipped = r.outcome == "skipped"
+        # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
+        r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
+        r.max_score = 0.0 if skipped else weights.get(r.group, 0.0) / group_sizes[r.group]
+        r.score = r.max_score if r.outcome == "passed" else 0.0
+        if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
+            part = parts.setdefault(r.part, new_part(r.part))
+            part["score"] += r.score
+            part["max_score"] += r.max_score
+            part["checks"] += 0 if skipped else 1
+            part["not_graded_here"] += r.outcome == NOT_GRADED_HERE
+            if r.advice:  # of which advice (beyond the handout), reported apart
+                part["advice_score"] = part.get("advice_score", 0.0) + r.score
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
+        if r.outcome == GRADER_ERROR:
+            ungraded.append({"name": r.name, "nodeid": r.nodeid,
+                             "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
+                                                                        or "unknown error")})
+        tests.append(r.to_gradescope())
+    for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
+        part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
+    ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
+                 for n in never_run]
+    total = len(records) + len(never_run)
+    graded = total - len(ungraded)
+    incomplete = bool(ungraded) or total == 0
+    not_here = [r for r in records if r.outcome == NOT_GRADED_HERE]
+
+    score = sum(p["score"] for p in parts.values())
+    max_score = sum(p["max_score"] for p in parts.values())
+    scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
+    failed = [t for t in scored if t["status"] == "failed"]
+    summary = info.get("ungradable") or (f"{len(failed)} of {len(scored)} checks failed." if failed
+                                         else f"All {len(scored)} checks passed.")
+    if not_here:
+        waiting = sum(r.max_score for r in not_here)
+        summary = (f"provisional: {len(not_here)} checks worth {waiting:.4g} points need a GPU and were not "
+                   f"graded here; they count 0 until the submission is graded on a GPU. " + summary)
+    if incomplete:
+        why = []
+        if grader_failed := sum(1 for u in ungraded if u["name"]):
+            why.append(f"{grader_failed} not graded because the grader itself failed")
+        if never_run:
+            why.append(f"{len(never_run)} never run")
+        summary = (f"incomplete: {graded} of {total} checks graded"
+                   + (f" ({', '.join(why)})" if why else "")
+                   + "; the total is not final and will change when the rest are graded. " + summary)
+    if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): grading/slurm.py
+        summary = f"{info['interrupted']}. {summary}"
+    results = {
+        "score": round(score, 3), "max_score": round(max_score, 3),
+        "execution_time": round(sum(r.seconds or 0 for r in records), 2),
+        "output": summary, "visibility": "visible", "stdout_visibility": "hidden",
+        "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
+                       **{k: info[k] for k in ("student_id", "email", "students") if info.get(k)},
+                       "environment": info.get("environment", {}), "parts": parts,
+                       "ungradable": info.get("ungradable"), "notes": info.get("notes", []),
+                       "runner_log_tail": info.get("runner_log_tail", ""),
+                       "isolation": info.get("isolation"), "interrupted": info.get("interrupted"),
+                       "group_points": {g: round(w, 6) for g, w in weights.items()},
+                       "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
+                       "checks_graded": graded, "checks_expected": total,
+                       "ungraded": ungraded},
+        "tests": tests,
+    }
+    store.write_json(folder / "results.json", results)
+    store.write_json(folder / "gradescope.json", gradescope.grouped(results, rubric))
+    return results
+
+
+def main(argv=None) -> int:
+    """Assemble every submission under --reports from its check files: what a run killed before its
+    end (run_autograder's time limit) had recorded, each check file being written as its check ends.
+    Prints each submission's results.json output; exits 1 when no submission had a check file."""
+    import argparse
+
+    parser = argparse.ArgumentParser(prog="python -m grading.results", description=main.__doc__)
+    parser.add_argument("--reports", type=Path, required=True, help="the reports folder of the run")
+    parser.add_argument("--rubric", type=Path, default=None, help="the run's rubric (default: the default rubric)")
+    args = parser.parse_args(argv)
+    rubric = Rubric(args.rubric)
+    folders = sorted(d for d in args.reports.glob("*/checks") if d.is_dir())
+    for checks in folders:
+        results = assemble(args.reports, checks.parent.name, rubric)
+        print(f"{checks.parent.name}: {results['score']:g} / {results['max_score']:g}: {results['output']}")
+    return 0 if folders else 1
