@@ -36,6 +36,7 @@ from fa2_sandbox.harness import kernel_cache, shared_probe
 from fa2_sandbox.harness.client import SubmissionRunner, runner_memory_limit
 from fa2_sandbox.harness.discover import defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
+from fa2_sandbox.wire import outcomes
 from grading import shards
 from grading.durations import Durations
 from grading.results import scoring, store
@@ -82,17 +83,17 @@ class Check:
     def update(self, **fields):
         self.record.update(**fields)
 
-    def fail(self, diagnosis: str, evidence: str = "", outcome: str = "failed", **details):
+    def fail(self, diagnosis: str, evidence: str = "", outcome: str = outcomes.FAILED, **details):
         self.update(outcome=outcome, diagnosis=diagnosis,
                     output=diagnosis + ("\n" + evidence if evidence else ""), **details)
         pytest.fail(self.record.output, pytrace=False)
 
     def ok(self, note: str = "", **details):
-        self.update(outcome="passed", output=note or "passed", **details)
+        self.update(outcome=outcomes.PASSED, output=note or "passed", **details)
 
     def skip(self, reason: str):
         """The check does not apply to this submission (an adapter of the other template): 0 of 0."""
-        self.update(outcome="skipped", output=f"skipped: {reason}")
+        self.update(outcome=outcomes.SKIPPED, output=f"skipped: {reason}")
         pytest.skip(reason)
 
     def not_measured(self, reason: str):
@@ -100,7 +101,7 @@ class Check:
         with no .state, a wrapper with no buffers to read, a replay with no first answer): neither
         passed nor failed, 0 of 0, like a skipped check, so it can never cost the submission a
         requirement; a group none of whose checks was measured shares its points out (Rubric.weights)."""
-        self.update(outcome="skipped", output=f"could not be measured: {reason}")
+        self.update(outcome=outcomes.SKIPPED, output=f"could not be measured: {reason}")
         pytest.skip(f"could not be measured: {reason}")
 
     def not_here(self, reason: str):
@@ -114,11 +115,12 @@ class Check:
         self.update(seconds=reply.seconds)
         if reply.ok:
             return
-        if reply.status == "not_attempted":
-            self.fail(f"not attempted: {reply.message}", outcome="not_attempted")
-        if reply.status in ("timeout", "crash", "import_error"):
-            self.fail(reply.message, outcome=reply.status)
-        self.fail(f"raised {reply.message}", reply.traceback, outcome="error")
+        outcome = outcomes.outcome_of_call(reply.status)
+        if outcome == outcomes.NOT_ATTEMPTED:
+            self.fail(f"not attempted: {reply.message}", outcome=outcome)
+        if outcome == outcomes.ERROR:
+            self.fail(f"raised {reply.message}", reply.traceback, outcome=outcome)
+        self.fail(reply.message, outcome=outcome)
 
 
 class Grading:
@@ -239,7 +241,7 @@ class Grading:
             self.note_runner(submission, runner, failure)
             check.settle_reply(failure)
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
-                   outcome="not_attempted")
+                   outcome=outcomes.NOT_ATTEMPTED)
 
     def call_cached(self, submission, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
@@ -591,10 +593,10 @@ class GradingPlugin:
         record = check.record if check is not None else self._stand_in(item, name)
         fault = getattr(item, "grading_fault", None)
         if report.passed and record.outcome == "error" and not record.diagnosis:
-            record.update(outcome="passed", output=record.output or "passed")
-        elif report.skipped and record.outcome not in ("skipped", NOT_GRADED_HERE):
+            record.update(outcome=outcomes.PASSED, output=record.output or "passed")
+        elif report.skipped and record.outcome not in (outcomes.SKIPPED, NOT_GRADED_HERE):
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
-            record.update(outcome="skipped", output=f"skipped: {reason}")
+            record.update(outcome=outcomes.SKIPPED, output=f"skipped: {reason}")
         elif report.failed and (fault or report.when == "setup" or not record.diagnosis):
             if not fault:  # failed in setup (not retried), or through pytest.fail outside Check
                 if call.excinfo is not None:

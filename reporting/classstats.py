@@ -11,6 +11,8 @@ Parts are named by their labels and ordered as the submissions' results.json fil
 import re
 from dataclasses import dataclass
 
+from fa2_sandbox.wire import outcomes
+
 NO_FAMILIES = {"timing", "memory"}
 # fa2_sandbox/wire/cases.py SHORT, not imported: that module needs torch, and the reports none.
 SHORT_DTYPES = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "float64": "fp64"}
@@ -111,12 +113,12 @@ def _rates(submissions, keys_of) -> list:
         if sub.ungradable:
             continue
         for check in sub.checks:
-            if check.state in ("skipped", "ungraded", "not_here"):
+            if check.state in (outcomes.STATE_SKIPPED, outcomes.STATE_UNGRADED, outcomes.STATE_NOT_HERE):
                 continue
             for key in keys_of(sub, check):
                 ran.setdefault(key, set()).add(sub.name)
                 parts.setdefault(key, check.part)
-                if check.state == "failed":
+                if check.state == outcomes.STATE_FAILED:
                     failed.setdefault(key, set()).add(sub.name)
     order = _part_order(submissions)
     rates = [Rate(key, parts[key], len(failed.get(key, ())), len(ran[key]),

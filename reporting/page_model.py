@@ -13,6 +13,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from fa2_sandbox.wire import outcomes
 from grading.results.record import CheckRecord, as_dict, as_number, as_text
 
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
@@ -137,7 +138,7 @@ class SubmissionReport:
         """The same for a subset of the checks (one section of the page)."""
         groups = []
         for part in self.parts:
-            failed = [c for c in checks if c.state == "failed" and c.part == part.key]
+            failed = [c for c in checks if c.state == outcomes.STATE_FAILED and c.part == part.key]
             if failed:
                 groups.append((part, failed))
         return groups
@@ -184,7 +185,7 @@ class SubmissionReport:
             return self.ungradable
         failed = [c for _, checks in self.failed_by_part for c in sorted(checks, key=lambda c: c.check != "forward")]
         failed = [c for c in failed if not c.advice] or failed
-        pool = [c for c in failed if c.outcome != "not_attempted"] or failed
+        pool = [c for c in failed if c.outcome != outcomes.NOT_ATTEMPTED] or failed
         counts = Counter(c.diagnosis for c in pool)
         return max(pool, key=lambda c: counts[c.diagnosis]).diagnosis if pool else ""
 
@@ -238,7 +239,7 @@ def _ungraded(value, checks) -> list:
                           "reason": as_text(entry.get("reason")) or "not graded"})
     named = {u["name"] for u in found}
     found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed"}
-              for c in checks if c.state == "ungraded" and c.name not in named]
+              for c in checks if c.state == outcomes.STATE_UNGRADED and c.name not in named]
     return found
 
 
@@ -263,8 +264,8 @@ def _parts(declared: dict, checks: list, from_checks: bool) -> list:
             part = Part(key, label, as_number(info.get("score")), as_number(info.get("max_score")))
         if from_checks or not info:
             # not graded: some of its checks need a GPU, and none of the others was graded either
-            part.graded = all(c.state != "not_here" for c in mine) or \
-                any(c.state not in ("not_here", "skipped") for c in mine)
+            part.graded = all(c.state != outcomes.STATE_NOT_HERE for c in mine) or \
+                any(c.state not in (outcomes.STATE_NOT_HERE, outcomes.STATE_SKIPPED) for c in mine)
         else:
             part.graded = info.get("graded") is not False
         if not from_checks and "advice_max_score" in info:
@@ -333,7 +334,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
         interrupted=as_text(extra.get("interrupted")) or None,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
-        provisional=extra.get("provisional") is True or any(c.state == "not_here" for c in checks),
+        provisional=extra.get("provisional") is True or any(c.state == outcomes.STATE_NOT_HERE for c in checks),
         isolation={k: as_text(v) for k, v in as_dict(extra.get("isolation")).items() if k in ("mode", "note")},
     )
 

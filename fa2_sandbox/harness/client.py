@@ -40,6 +40,7 @@ from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire import tensors as wire_tensors
 from fa2_sandbox.wire.cases import FlashCase
 from fa2_sandbox.wire.channel import Channel, ChannelClosed, ReceiveTimeout
@@ -73,7 +74,7 @@ class Reply:
 
     @property
     def ok(self) -> bool:
-        return self.status == "ok"
+        return self.status == outcomes.OK
 
 
 class GpuCrowded(RuntimeError):
@@ -101,13 +102,13 @@ def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, rese
     for nbytes in reservations:
         with ledger.reserve(nbytes, label, say=note, runner=runner() if runner else None) as holding:
             reply = call(request, holding)
-        if reply.oom != "gpu_full":
+        if reply.oom != outcomes.OOM_GPU_FULL:
             return reply
         note(f"the GPU was full of other processes' memory ({reply.message[:200]}) with {gib(nbytes)} reserved")
     note("running the call again with the GPU to itself")
     with ledger.alone(label, say=note):
         reply = call(request, None)
-    if reply.oom == "gpu_full":
+    if reply.oom == outcomes.OOM_GPU_FULL:
         raise GpuCrowded(f"the GPU had no room for {gib(budget)} even with no other check on it: "
                          f"{reply.message[:300]}")
     return reply
@@ -220,15 +221,15 @@ class SubmissionRunner:
             code = self.process.wait(timeout=3)
         except subprocess.TimeoutExpired:  # closed its end of the channel and kept running
             self.stop()
-            return Reply("crash", f"closed the grader's result channel and kept running {where}")
+            return Reply(outcomes.CRASH, f"closed the grader's result channel and kept running {where}")
         killed_for = self.watchdog.killed_for
         self.stop()
         if killed_for:
-            return Reply("crash", f"ran out of memory {where}: {killed_for}")
+            return Reply(outcomes.CRASH, f"ran out of memory {where}: {killed_for}")
         if code == 71 and "sandbox could not be set up" in self.log_tail():
-            return Reply("crash", f"the grader could not start the runner's sandbox (see the log) {where}")
+            return Reply(outcomes.CRASH, f"the grader could not start the runner's sandbox (see the log) {where}")
         how = f"process died with {signal_name(code)}" if code < 0 else f"exited with status {code}"
-        return Reply("crash", f"{how} {where}")
+        return Reply(outcomes.CRASH, f"{how} {where}")
 
     def _wait_done(self, phase: str, timeout: float, event: str = "done", what: str = "", holding=None):
         """Wait for the message `event`, following phase updates. A Reply means failure;
@@ -258,16 +259,16 @@ class SubmissionRunner:
                 if self.watchdog.killed_for:  # the watchdog killed it just now
                     return self._died(phase, what)
                 self.stop()
-                return Reply("timeout", f"timed out after {timeout:g} s in {phase}{suffix}")
+                return Reply(outcomes.TIMEOUT, f"timed out after {timeout:g} s in {phase}{suffix}")
             except ChannelClosed:
                 return self._died(phase, what)
             except ValueError as exc:  # not JSON, or a line too long
                 self.stop()
-                return Reply("crash", f"sent an invalid message on the grader's channel during {phase}{suffix}: "
+                return Reply(outcomes.CRASH, f"sent an invalid message on the grader's channel during {phase}{suffix}: "
                                       f"{str(exc)[:100]}")
             if not isinstance(message, dict):
                 self.stop()
-                return Reply("crash", f"sent an invalid message on the grader's channel during {phase}{suffix}")
+                return Reply(outcomes.CRASH, f"sent an invalid message on the grader's channel during {phase}{suffix}")
             if message.get("event") == "phase":
                 if len(self.phases) < MAX_PHASES:
                     phase = str(message.get("phase"))[:40]
@@ -284,7 +285,7 @@ class SubmissionRunner:
         direction): it is not run, and fails at once with that timeout's message."""
         size, earlier = self._case_size(request), self._timed_out.get(self._family(request))
         if size is not None and earlier and size >= earlier[0]:
-            return Reply("timeout", f"not run: a smaller case already {earlier[1]}")
+            return Reply(outcomes.TIMEOUT, f"not run: a smaller case already {earlier[1]}")
         return None
 
     @staticmethod
@@ -298,11 +299,11 @@ class SubmissionRunner:
         """The import_error Reply every call would get, or None. Like a call, it starts the runner
         if none is running (the first time, or after a crash), so the caller's thread starts it."""
         if self.submission.problem:
-            return Reply("import_error", self.submission.problem)
+            return Reply(outcomes.IMPORT_ERROR, self.submission.problem)
         if self.process is None and not (self.ready and self.ready.get("import_error")):
             self.start()
         if self.ready and self.ready.get("import_error"):
-            return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
+            return Reply(outcomes.IMPORT_ERROR, self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None
 
     def gpu_budget(self, request: dict, dense_backward: bool | None = None):
@@ -344,9 +345,9 @@ class SubmissionRunner:
         not run again: it fails at once with that timeout's message, so a submission that hangs
         costs a few timeouts, not one per case."""
         if self.submission.problem:
-            return Reply("import_error", self.submission.problem)
+            return Reply(outcomes.IMPORT_ERROR, self.submission.problem)
         if self.ready and self.ready.get("import_error"):  # importing again would fail again
-            return Reply("import_error", self.ready["import_error"], traceback=self.ready.get("traceback", ""))
+            return Reply(outcomes.IMPORT_ERROR, self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         if (skipped := self._after_a_timeout(request)) is not None:
             return skipped
         size, family = self._case_size(request), self._family(request)
@@ -354,7 +355,7 @@ class SubmissionRunner:
         if self.process is None:
             ready = self.start()
             if ready.get("import_error"):
-                return Reply("import_error", ready["import_error"], traceback=ready.get("traceback", ""))
+                return Reply(outcomes.IMPORT_ERROR, ready["import_error"], traceback=ready.get("traceback", ""))
         self.calls += 1
         tag = f"call{self.calls}-{secrets.token_hex(4)}"  # unguessable: forged replies cannot match it
         request = {**request, "tag": tag}
@@ -364,19 +365,19 @@ class SubmissionRunner:
             return self._died("setup", what)
         message = self._wait_done("setup", timeout, what=what, holding=holding)
         if isinstance(message, Reply):
-            if message.status == "timeout" and size is not None:
+            if message.status == outcomes.TIMEOUT and size is not None:
                 if not earlier or size < earlier[0]:
                     self._timed_out[family] = (size, message.message)
             return message
         reply = self._reply(message, tag, what)
-        if reply.status in ("crash",) or message.get("restart"):
+        if reply.status == outcomes.CRASH or message.get("restart"):
             self.stop()  # out of memory, a poisoned CUDA context, a forged reply: start afresh
         return reply
 
     def _reply(self, message: dict, tag: str, what: str) -> Reply:
         where = f" during {next(reversed(self.phases), 'setup')}" + (f" ({what})" if what else "")
-        if message.get("tag") != tag or message.get("status") not in ("ok", "error", "not_attempted"):
-            return Reply("crash", f"sent an invalid reply (not the answer to the request it was sent){where}")
+        if message.get("tag") != tag or message.get("status") not in outcomes.ANSWERED:
+            return Reply(outcomes.CRASH, f"sent an invalid reply (not the answer to the request it was sent){where}")
         result = message.get("result") if isinstance(message.get("result"), dict) else {}
         text = str(message.get("message", ""))[:2000]
         seconds = message.get("seconds") if isinstance(message.get("seconds"), (int, float)) else 0.0
@@ -385,19 +386,22 @@ class SubmissionRunner:
         if isinstance(message.get("gpu_peak"), int) and message["gpu_peak"] > 0:
             reply.gpu_peak = message["gpu_peak"]
         if message.get("oom"):
-            oom = message["oom"] if message["oom"] in ("host", "gpu_full") else "gpu_budget"
-            if oom == "host":
+            oom = message["oom"]
+            oom = oom if oom in (outcomes.OOM_HOST, outcomes.OOM_GPU_FULL) else outcomes.OOM_GPU_BUDGET
+            if oom == outcomes.OOM_HOST:
                 limit = f"; the runner's limit is {gib(self.memory_limit)}" if self.memory_limit else ""
-                return Reply("crash", f"ran out of memory{where}: {text}{limit}", traceback=reply.traceback, oom=oom)
+                return Reply(outcomes.CRASH, f"ran out of memory{where}: {text}{limit}", traceback=reply.traceback,
+                             oom=oom)
             budget = message.get("gpu_budget") if isinstance(message.get("gpu_budget"), int) else 0
-            allowed = f"; it was allowed {gib(budget)} of GPU memory" if oom == "gpu_budget" and budget else ""
-            return Reply("crash", f"ran out of GPU memory{where}: {text}{allowed}", traceback=reply.traceback,
+            own = oom == outcomes.OOM_GPU_BUDGET and budget
+            allowed = f"; it was allowed {gib(budget)} of GPU memory" if own else ""
+            return Reply(outcomes.CRASH, f"ran out of GPU memory{where}: {text}{allowed}", traceback=reply.traceback,
                          oom=oom)
         if reply.ok and "tensors" in result:
             try:
                 reply.tensors = wire_tensors.read(self.scratch_folder.exchange, result["tensors"], tag)
             except ValueError as exc:
-                return Reply("crash", f"sent back invalid tensors{where}: {exc}")
+                return Reply(outcomes.CRASH, f"sent back invalid tensors{where}: {exc}")
         return reply
 
     def log_tail(self, limit: int = LOG_TAIL_BYTES) -> str:

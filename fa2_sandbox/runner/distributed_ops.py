@@ -30,6 +30,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 
 from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.toy_models import course_layers
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches, training_loss
 
@@ -174,7 +175,7 @@ def run_scenarios(names, body) -> dict:
             body(name, result)
             out[name] = {"status": "ok", **result, "log": RECORDER.take()}
         except NotAttemptedHere as exc:
-            out[name] = {"status": "not_attempted", "message": str(exc), **result, "log": RECORDER.take()}
+            out[name] = {"status": outcomes.NOT_ATTEMPTED, "message": str(exc), **result, "log": RECORDER.take()}
             break
         except BaseException as exc:  # the student's exception, SystemExit included
             out[name] = {"status": "error", "message": describe(exc), "phase": RECORDER.phase,

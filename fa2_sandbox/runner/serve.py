@@ -24,7 +24,7 @@ import torch
 from fa2_sandbox.runner import distributed_ops, flash_call, instruments
 from fa2_sandbox.runner.errors import describe
 from fa2_sandbox.runner.ranks import RankPool
-from fa2_sandbox.wire import course_env
+from fa2_sandbox.wire import course_env, outcomes
 from fa2_sandbox.wire import tensors as wire_tensors
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from fa2_sandbox.wire.channel import Channel
@@ -98,10 +98,10 @@ def out_of_memory(exc: BaseException):
         allowed = _size(r"{size} allowed", text)
         if tried is not None and ((allowed is not None and (in_use or 0) + tried > allowed) or
                                   (free is not None and free >= tried)):
-            return "gpu_budget"
-        return "gpu_full"
+            return outcomes.OOM_GPU_BUDGET
+        return outcomes.OOM_GPU_FULL
     if isinstance(exc, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
-        return "host"
+        return outcomes.OOM_HOST
     return None
 
 
@@ -240,7 +240,7 @@ class Runner:
                 if out_of_memory(exc) or cuda_broken(exc):
                     raise
                 result["backward_error"] = {
-                    "status": "not_attempted" if isinstance(exc, NotImplementedError) else "error",
+                    "status": outcomes.NOT_ATTEMPTED if isinstance(exc, NotImplementedError) else outcomes.ERROR,
                     "message": describe(exc), "traceback": traceback.format_exc(limit=-8)}
             else:
                 tensors.update({name: flash_call.as_returned(g) for name, g in zip(("dq", "dk", "dv"), grads)
@@ -300,7 +300,7 @@ class Runner:
                 raise RuntimeError(f"{lines[0].split(' of ')[0]} failed: {lines[-1].strip()}") from None
             raise
         statuses = [s["status"] for r in ranks for s in r.values()]
-        if statuses and all(status == "not_attempted" for status in statuses):
+        if statuses and all(status == outcomes.NOT_ATTEMPTED for status in statuses):
             raise NotAttempted(next(iter(ranks[0].values()))["message"])
 
         result, tensors = {"scenarios": {}}, {}
@@ -332,11 +332,11 @@ class Runner:
                 hold_to_budget(request)
                 reset_gpu_peak()
                 result = op(request)
-                reply = {"event": "done", "status": "ok", "result": result}
+                reply = {"event": "done", "status": outcomes.OK, "result": result}
             except NotAttempted as exc:
-                reply = {"event": "done", "status": "not_attempted", "message": str(exc)}
+                reply = {"event": "done", "status": outcomes.NOT_ATTEMPTED, "message": str(exc)}
             except BaseException as exc:  # the student's exception, SystemExit included
-                reply = {"event": "done", "status": "error", "message": describe(exc),
+                reply = {"event": "done", "status": outcomes.ERROR, "message": describe(exc),
                          "traceback": traceback.format_exc(limit=-8)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner

@@ -12,6 +12,8 @@ import re
 
 import torch
 
+from fa2_sandbox.wire import outcomes
+
 WORLD_SIZE = 2
 ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
 
@@ -41,16 +43,16 @@ def settle_scenario(c, reply, scenario, labels=None):
     ranks = reply.result["scenarios"].get(scenario)
     if ranks and all(s["status"] == "ok" for s in ranks):
         return ranks
-    if ranks and any(s["status"] == "not_attempted" for s in ranks):
+    if ranks and any(s["status"] == outcomes.NOT_ATTEMPTED for s in ranks):
         c.fail(f"not attempted: {next(s['message'] for s in ranks if s['status'] == 'not_attempted')}",
-               outcome="not_attempted")
+               outcome=outcomes.NOT_ATTEMPTED)
     if ranks and any(s["status"] == "error" for s in ranks):
         sentence, traceback = rank_error(ranks, labels)
-        c.fail(sentence, traceback, outcome="error")
+        c.fail(sentence, traceback, outcome=outcomes.ERROR)
     earlier = next((name for name, rs in reply.result["scenarios"].items()
                     if any(s["status"] == "error" for s in rs)), None)
     why = f" ({rank_error(reply.result['scenarios'][earlier], labels)[0]})" if earlier else ""
-    c.fail(f"not run: the {earlier or 'previous'} scenario of the same run failed first{why}", outcome="error")
+    c.fail(f"not run: the {earlier or 'previous'} scenario of the same run failed first{why}", outcome=outcomes.ERROR)
 
 
 COMMUNICATION_FAILURES = ("gloo", "timeout", "timed out", "closed by peer", "pair closure", "connection reset")

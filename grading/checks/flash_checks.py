@@ -8,6 +8,7 @@ check module.
 import re
 from functools import lru_cache
 
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from grading import mistakes
 from grading.matrix import replay_cases, slot_device
@@ -169,9 +170,9 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
                    f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
     check.settle_reply(reply)
     backward_error = (reply.result.get("backward_error") or {}) if phase == "backward" else {}
-    if backward_error.get("status") == "not_attempted":
-        check.fail(f"not attempted: the backward raised {backward_error['message']}", outcome="not_attempted")
+    if backward_error.get("status") == outcomes.NOT_ATTEMPTED:
+        check.fail(f"not attempted: the backward raised {backward_error['message']}", outcome=outcomes.NOT_ATTEMPTED)
     if backward_error:
         check.fail(f"the backward raised {backward_error['message']}", backward_error.get("traceback", ""),
-                   outcome="error")
+                   outcome=outcomes.ERROR)
     return reply, tensors

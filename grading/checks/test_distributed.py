@@ -33,6 +33,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches
 from grading.checks.distributed_checks import (
     WORLD_SIZE,
@@ -100,7 +101,7 @@ def gate_flavour(c, grading, submission, flavour, model=None):
     if defined or flavour != "ddp" or model not in (None, DDP_MODELS[0]):
         c.skip(f"{DDP_FLAVOURS[flavour][0]} is not defined in the adapters")
     wanted = ", ".join(DDP_FLAVOURS[f][0] for f in FLAVOURS)
-    c.fail(f"not attempted: {submission.adapters_file} defines none of {wanted}.", outcome="not_attempted")
+    c.fail(f"not attempted: {submission.adapters_file} defines none of {wanted}.", outcome=outcomes.NOT_ATTEMPTED)
 
 
 # -- DDP baselines ----------------------------------------------------------------------------
@@ -307,7 +308,7 @@ def test_ddp_buffers(grading, submission, check, flavour):
         c.not_measured(f"{unread}, so whether buffers are broadcast is not known (advice only).")
     if not ranks or any(not pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))):
         settle_scenario(c, reply, BUFFERED_MODEL, ddp_labels(flavour))  # failed before wrapping returned
-        c.fail(f"the {BUFFERED_MODEL} model's buffers could not be read after wrapping.", outcome="error")
+        c.fail(f"the {BUFFERED_MODEL} model's buffers could not be read after wrapping.", outcome=outcomes.ERROR)
     sentence, note, evidence = judge_buffers(
         dict(build_model(BUFFERED_MODEL, grading.seed).named_buffers()),
         [pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))],
@@ -439,7 +440,8 @@ def judge_sharded(c, grading, submission, scenario):
 
 def gate_sharded(c, grading, submission):
     if "get_sharded_optimizer" not in grading.functions[submission.name]:
-        c.fail(f"not attempted: {submission.adapters_file} has no get_sharded_optimizer.", outcome="not_attempted")
+        c.fail(f"not attempted: {submission.adapters_file} has no get_sharded_optimizer.",
+               outcome=outcomes.NOT_ATTEMPTED)
     grading.fail_if_stub(c, submission, "get_sharded_optimizer")
 
 

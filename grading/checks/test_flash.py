@@ -9,6 +9,7 @@ from functools import partial
 import pytest
 import torch
 
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS
 from grading import diagnose
 from grading.checks.flash_checks import (
@@ -137,7 +138,7 @@ def test_runs_on_cuda(grading, submission, check):
         message = reply.message if reply.status == "error" else backward_error["message"]
         c.fail(f"on CUDA inputs the PyTorch class raised {message}. It is graded on the CPU, as the official "
                f"tests run it; to run on a GPU too, create every tensor with device=q.device.",
-               reply.traceback, outcome="error")
+               reply.traceback, outcome=outcomes.ERROR)
     c.settle_reply(reply)
     if off := sorted(n for n, where in reply.result.get("devices", {}).items() if not where.startswith("cuda")):
         c.fail(f"on CUDA inputs the PyTorch class returned {', '.join(off)} on the CPU: create its tensors with "
@@ -211,7 +212,8 @@ def same_answers(first: dict, second: dict) -> tuple[list, list]:
 
 def no_answer(reply) -> str:
     """What a runner call that answered nothing did, as words that follow "it"."""
-    return {"error": "raised ", "not_attempted": "was not attempted: "}.get(reply.status, "") + reply.message
+    said = {outcomes.ERROR: "raised ", outcomes.NOT_ATTEMPTED: "was not attempted: "}
+    return said.get(reply.status, "") + reply.message
 
 
 @pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])

@@ -13,6 +13,7 @@ import dataclasses
 
 import pytest
 
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.checks.flash_checks import run_case
 from grading.matrix import MEMORY_CASE, slot_device
@@ -54,8 +55,8 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
             case, reply = twin, fp32_reply
     c.settle_reply(reply)
     if phase == "backward" and (error := reply.result.get("backward_error")):
-        c.fail(f"the backward raised {error['message']}", outcome="not_attempted" if error["status"] ==
-               "not_attempted" else "error")
+        c.fail(f"the backward raised {error['message']}", outcome=outcomes.NOT_ATTEMPTED if error["status"] ==
+               outcomes.NOT_ATTEMPTED else outcomes.ERROR)
     seen = reply.result[phase]
     scores = case.n_queries * case.n_keys
     if on_cuda:

@@ -15,7 +15,8 @@ results.json is read through CheckRecord.from_gradescope, which never raises on 
 malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
-from grading.results.record import NOT_GRADED_HERE, UNSETTLED, CheckRecord, as_dict, as_number, as_text
+from fa2_sandbox.wire.outcomes import NOT_GRADED_HERE, PASSED, SKIPPED, UNSETTLED
+from grading.results.record import CheckRecord, as_dict, as_number, as_text
 
 MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
 MAX_CASES = 6  # cases named on one line; the rest are counted
@@ -48,7 +49,7 @@ def status(records: list) -> str | None:
     """failed if any check failed; passed if every check passed (or does not apply); None when the
     rest were not graded (a grader error, a check that needs a GPU), as CheckRecord.to_gradescope
     does per check. With no status Gradescope judges the test by its score."""
-    if any(r.outcome not in ("passed", "skipped", *UNSETTLED) for r in records):
+    if any(r.outcome not in (PASSED, SKIPPED, *UNSETTLED) for r in records):
         return "failed"
     return "passed" if records and all(r.passed for r in records) else None
 
@@ -66,10 +67,10 @@ def group_output(records: list) -> str:
     if not records:
         return ("**Not graded yet**: no check of this group was recorded before the grading run stopped; "
                 "its points count 0 until it is regraded.")
-    applying = [r for r in records if r.outcome != "skipped"]
+    applying = [r for r in records if r.outcome != SKIPPED]
     if not applying:
         return "Does not apply to this submission: " + escape(reason(records[0]))
-    passed, n = sum(r.outcome == "passed" for r in applying), len(applying)
+    passed, n = sum(r.outcome == PASSED for r in applying), len(applying)
     waiting = sum(r.outcome in UNSETTLED for r in applying)
     if passed == n:
         head = "The check passed." if n == 1 else f"All {n} checks passed."
@@ -79,7 +80,7 @@ def group_output(records: list) -> str:
     several_checks = len({r.check for r in records}) > 1
     label = lambda r: code(f"{r.check}[{r.case}]" if several_checks and r.case else r.case or r.check)
     shown = left = 0
-    for title, rows in (("Failed", [r for r in applying if r.outcome not in ("passed", *UNSETTLED)]),
+    for title, rows in (("Failed", [r for r in applying if r.outcome not in (PASSED, *UNSETTLED)]),
                         ("Not graded", [r for r in applying if r.outcome in UNSETTLED])):
         by_reason = {}  # one line per diagnosis, its cases in the order met
         for r in rows:
@@ -117,7 +118,7 @@ def leaderboard(records: list) -> list:
     for r in records:
         timing = as_dict(r.timing)
         ms, ratio = as_number(timing.get("student_ms"), 0.0), as_number(timing.get("ratio"), 0.0)
-        if (r.part, r.check, r.outcome) == ("timing", "flash_triton", "passed") and ms > 0:
+        if (r.part, r.check, r.outcome) == ("timing", "flash_triton", PASSED) and ms > 0:
             return ([{"name": "Triton fwd+bwd ms", "value": round(ms, 3), "order": "asc"}]
                     + ([{"name": "time / reference", "value": round(ratio, 3), "order": "asc"}] if ratio > 0 else []))
     return []

@@ -21,17 +21,10 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 
-# The grader itself failed on the check: neither passed nor failed, unscored, to be regraded.
-GRADER_ERROR = "grader_error"
-# The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum, scores
-# nothing yet, and makes the total provisional until the check is graded where it can run. A
-# "skipped" check, by contrast, does not apply to the submission (an adapter of the other template), or
-# could not be measured on it (its output says "could not be measured: ..."; grading/plugin.py
-# Check.not_measured): 0 of 0 either way, never a failure, and a group none of whose checks apply
-# shares its points with its part's other groups (grading/rubric.py Rubric.weights).
-NOT_GRADED_HERE = "not_graded_here"
-# Outcomes that are neither passed nor failed: Gradescope shows them with no status, by score.
-UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)
+from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED, UNSETTLED, state_of  # noqa: F401
+
+# The outcome words and the page states: fa2_sandbox/wire/outcomes.py (GRADER_ERROR, NOT_GRADED_HERE and
+# UNSETTLED are imported here too, for the modules that read records).
 # A check's source starting with this is advice (grading/rubric.py says the same).
 ADVICE_PREFIX = "beyond the handout"
 # Keys of one verdict the pages read; filled with None when results.json lacks them.
@@ -127,7 +120,7 @@ class CheckRecord:
     @property
     def passed(self) -> bool:
         """Gradescope's status: a skipped check passes (0 / 0)."""
-        return self.outcome in ("passed", "skipped")
+        return self.outcome in (PASSED, SKIPPED)
 
     def to_gradescope(self) -> dict:
         """One entry of results.json `tests[]`, once scored (score, max_score, visibility set).
@@ -208,11 +201,7 @@ class CheckRecord:
     def state(self) -> str:
         """What a page groups by: "passed", "skipped", "ungraded" (a grader error), "not_here"
         (not graded on this machine) or "failed"."""
-        if self.outcome in ("passed", "skipped"):
-            return self.outcome
-        if self.outcome == NOT_GRADED_HERE:
-            return "not_here"
-        return "ungraded" if self.outcome == GRADER_ERROR else "failed"
+        return state_of(self.outcome)
 
     @property
     def evidence(self) -> str:

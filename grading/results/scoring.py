@@ -7,8 +7,8 @@ killed before its end (run_autograder's time limit).
 from collections import Counter
 from pathlib import Path
 
+from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED
 from grading.results import gradescope, store
-from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE
 from grading.rubric import Rubric
 
 
@@ -37,7 +37,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     # points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
     # one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
     # total is provisional or incomplete, not smaller.
-    applying = [r for r in records if r.outcome != "skipped"]
+    applying = [r for r in records if r.outcome != SKIPPED]
     group_sizes = Counter(r.group for r in applying)
     skipped_groups = {r.group for r in records} - set(group_sizes)
     weights = rubric.weights(skipped_groups)
@@ -70,11 +70,11 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     tests = []
     ungraded = []
     for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
-        skipped = r.outcome == "skipped"
+        skipped = r.outcome == SKIPPED
         # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
         r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
         r.max_score = 0.0 if skipped else weights.get(r.group, 0.0) / group_sizes[r.group]
-        r.score = r.max_score if r.outcome == "passed" else 0.0
+        r.score = r.max_score if r.outcome == PASSED else 0.0
         if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
             part = parts.setdefault(r.part, new_part(r.part))
             part["score"] += r.score

@@ -1,0 +1,51 @@
+"""The top-level folders import each other in one direction only (README, "Layout"):
+
+    reference    the math, importing none of the others
+    fa2_sandbox  the trust boundary (harness, runner, wire): none of grading or reporting, since
+                 its runner's trusted copy holds only fa2_sandbox and must import nothing else
+    grading      the engine: the sandbox, the references, its results layer (grading/results)
+    reporting    the pages: the results layer only, never the rest of the engine
+
+Read from the source with ast, so an import inside a function counts too."""
+import ast
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+TOP = ("reference", "fa2_sandbox", "grading", "reporting")
+
+
+def imports(package: str) -> dict:
+    """{module file: the dotted names it imports}, for every module under `package`."""
+    found = {}
+    for path in sorted((ROOT / package).rglob("*.py")):
+        names = set()
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if isinstance(node, ast.Import):
+                names |= {alias.name for alias in node.names}
+            elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+                names |= {f"{node.module}.{alias.name}" for alias in node.names}
+        found[str(path.relative_to(ROOT))] = names
+    return found
+
+
+def crossing(package: str, allowed) -> list:
+    """The imports of `package` into another top-level folder that `allowed(name)` refuses."""
+    return [f"{where}: {name}" for where, names in imports(package).items() for name in sorted(names)
+            if name.split(".")[0] in TOP and name.split(".")[0] != package and not allowed(name)]
+
+
+def test_the_references_import_no_other_folder():
+    assert crossing("reference", lambda name: False) == []
+
+
+def test_the_sandbox_imports_nothing_of_the_engine_or_the_pages():
+    assert crossing("fa2_sandbox", lambda name: False) == []
+
+
+def test_the_pages_read_only_the_results_layer():
+    assert crossing("reporting", lambda name: name.startswith(("grading.results", "fa2_sandbox.wire.outcomes"))) == []
+
+
+def test_the_results_layer_reads_no_pages():
+    results = {where: names for where, names in imports("grading").items() if where.startswith("grading/results/")}
+    assert results and not [f"{w}: {n}" for w, names in results.items() for n in names if n.startswith("reporting")]
