@@ -64,25 +64,22 @@ def kernel_shard(case: FlashCase, per_kernel: bool = True) -> str:
 
 def per_kernel_shards(submissions: int, workers: int) -> bool:
     """Whether the Triton slot gets a shard per kernel. A shard per kernel lets one submission's
-    kernels compile on every worker at once, but each shard starts a runner (about 8 s of a core:
+    kernels compile on every worker at once, but each shard starts a runner (seconds of a core:
     Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. A class with
     a submission per worker keeps every worker busy anyway, and there the starts were the CPU's
-    largest cost: 20 public repos on 16 cores took 25 runners each, and the run was CPU-bound
-    (97% busy, notes/grading-speed.md, 2026-11-26). So only a class smaller than the workers
+    largest cost: a class of public repos as large as the workers ran CPU-bound
+    (notes/grading-speed.md). So only a class smaller than the workers
     spreads a submission that thin; a larger one shards the Triton slot by dtype and causal flag."""
     return submissions < workers
 
 
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run
-# whose longest shards come last ends with a few workers busy while the rest wait. Measured on an
-# H100, the bundled reference, cold / warm Triton cache (notes/grading-speed.md, 2026-11-25):
-# the Triton timing shard 47 / 25 s; the PyTorch slot (79 checks on the CPU) 25 / 24 s; the
-# distributed shard 21 / 22 s; the PyTorch timing shard 19 / 21 s; a Triton shard 18 to 43 /
-# 15 to 21 s; Triton memory 31 / 15 s; PyTorch memory 13 s (since then part of the PyTorch shard).
-# Triton memory comes second all the same: it runs the Triton slot at 16384x16384, where a slot
-# that is PyTorch tiles in a Python loop took 145 s (the example triton_slot_without_triton). Handed
-# out last, that one shard kept a class of 39 running 120 s after every other worker had finished
-# (2x H100, notes/grading-speed.md, 2026-11-25, fifth session); handed out early, it overlaps the other shards.
+# whose longest shards come last ends with a few workers busy while the rest wait. The order is
+# the measured one (notes/grading-speed.md has the figures): the Triton timing shard, the PyTorch
+# slot, the distributed shard and a Triton shard are the long ones. Triton memory comes first of
+# all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch tiles in a Python loop
+# takes minutes (the example triton_slot_without_triton), and handed out last that one shard kept
+# a class running long after every other worker had finished.
 # Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them through the
 # run, a few at a time per GPU: their measured windows pause the others' GPU calls (gpu_ledger.py),
 # and handed out together at the end they queued behind each other.

@@ -144,9 +144,8 @@ class GpuLedger:
         worker's own) queued after it waits for it. Windows and "alone" go one at a time in arrival
         order: a window when what holds the GPU can all be paused, no reservation that cannot be
         paused is queued before it, and its calls' memory fits beside what holds the GPU;
-        "alone" when nothing holds the GPU. Neither holds a place while it waits: "alone" once
-        held the rest back and kept the GPU idle while the holders compiled (2026-11-26, a corpus
-        run: 19 s of GPU work in 390 s, no Triton check recorded)."""
+        "alone" when nothing holds the GPU. Neither holds a place while it waits: one that did held
+        the rest back and kept the GPU idle while the holders compiled (notes/grading-speed.md)."""
         holders, waiting = state["holders"], state["waiting"]
         if any(h["kind"] != SHARED for h in holders.values()):
             return False
