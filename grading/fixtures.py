@@ -5,7 +5,8 @@ the checks are collected from wherever the package is installed. `submission` is
 the grading plugin (plugin.py pytest_generate_tests)."""
 import pytest
 
-from grading.plugin import GRADING, Check
+from grading.check import Check
+from grading.session import GRADING
 
 
 @pytest.fixture(scope="session")

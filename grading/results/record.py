@@ -1,6 +1,6 @@
 """One check's record, from the test that makes it to the page that shows it.
 
-A CheckRecord is what the grader found for one check (grading/plugin.py Check fills it),
+A CheckRecord is what the grader found for one check (grading/check.py Check fills it),
 what travels from an xdist worker to the controller (`to_json`, on the test report), what a
 check file holds (grading/results/store.py), one entry of Gradescope's results.json
 `tests[]` once scored (grading/results/scoring.py, `to_gradescope`), and what the report pages

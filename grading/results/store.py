@@ -10,7 +10,7 @@ temporary file that then replaces it, so a reader never sees half of one):
   .seed                      the controller that first grades into the folder (secret_seed): the
                              base seed of every input, unless --seed gives one; readable by the
                              grader's user only, never by a runner.
-  <sub>/checks/<check>.json  the pytest controller (plugin.py, pytest_runtest_logreport), when the
+  <sub>/checks/<check>.json  the pytest controller (recording.py, pytest_runtest_logreport), when the
                              check finishes; under xdist the worker's record travels to it on the
                              test report, as CheckRecord.to_json(). Never deleted: a check not run
                              in a session keeps its last result; assemble() decides which records

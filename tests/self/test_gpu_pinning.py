@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grading.plugin import Grading, usable_cores
+from grading.session import Grading, usable_cores
 
 
 def pinned(monkeypatch, worker, gpus, on_gpu=True, visible=None):

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from fa2_sandbox.harness.client import Reply
+from grading.check import Check
 from grading.checks import test_memory
-from grading.plugin import Check
 from grading.rubric import Rubric
 
 MiB = 2**20

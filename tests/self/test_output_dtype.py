@@ -12,9 +12,9 @@ import pytest
 import torch
 
 from fa2_sandbox.wire.cases import FlashCase
+from grading.check import Check
 from grading.checks.flash_checks import expected
 from grading.checks.test_flash import judge
-from grading.plugin import Check
 from grading.rubric import Rubric
 
 SEED = 20261125

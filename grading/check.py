@@ -1,0 +1,82 @@
+"""A check: what one grading test found, as a CheckRecord that the plugin records when the test ends.
+
+Tests make one through the `check` fixture (grading/fixtures.py) and settle it with ok, fail, skip,
+not_measured, not_here or settle_reply; a call that went wrong ends it by the outcome words of
+fa2_sandbox/wire/outcomes.py.
+"""
+import pytest
+
+from fa2_sandbox.wire import outcomes
+from grading.results.record import NOT_GRADED_HERE, CheckRecord
+
+
+def check_id(item) -> str:
+    """A grading test's id in the records: its module's name and its name,
+    "grading.checks.test_flash::test_forward[alice-...]". Not pytest's node id, a path from the
+    rootdir, which a checkout and an installed package (or two rootdirs) would give two ways."""
+    return f"{item.module.__name__}::{item.name}"
+
+
+def case_data(case) -> tuple:
+    """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
+    `.to_json()` (fa2_sandbox.wire.cases.FlashCase), whose fields become plain JSON data, or
+    (id, such an object): its fields under an id of the test's own ("triton-<case id>", say)."""
+    if isinstance(case, str):
+        return case, {}
+    label, case = case if isinstance(case, tuple) else (case.id, case)
+    fields = {key: list(value) if isinstance(value, tuple) else value for key, value in case.to_json().items()}
+    return label, fields
+
+
+class Check:
+    """What one test found, as a CheckRecord (`.record`). Tests fill it through fail, ok, skip,
+    update and settle_reply; the plugin settles it when the test's report comes."""
+
+    def __init__(self, submission, part, check, case, tier, rubric):
+        case_id, case_fields = case_data(case)
+        group = rubric.group_of(part, check, tier)
+        self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
+                                  case_fields=case_fields, tier=tier, group=group,
+                                  source=rubric.source(group), advice=rubric.advice(group))
+
+    def update(self, **fields):
+        self.record.update(**fields)
+
+    def fail(self, diagnosis: str, evidence: str = "", outcome: str = outcomes.FAILED, **details):
+        self.update(outcome=outcome, diagnosis=diagnosis,
+                    output=diagnosis + ("\n" + evidence if evidence else ""), **details)
+        pytest.fail(self.record.output, pytrace=False)
+
+    def ok(self, note: str = "", **details):
+        self.update(outcome=outcomes.PASSED, output=note or "passed", **details)
+
+    def skip(self, reason: str):
+        """The check does not apply to this submission (an adapter of the other template): 0 of 0."""
+        self.update(outcome=outcomes.SKIPPED, output=f"skipped: {reason}")
+        pytest.skip(reason)
+
+    def not_measured(self, reason: str):
+        """What the check measures cannot be read from this submission's structure (an optimizer
+        with no .state, a wrapper with no buffers to read, a replay with no first answer): neither
+        passed nor failed, 0 of 0, like a skipped check, so it can never cost the submission a
+        requirement; a group none of whose checks was measured shares its points out (Rubric.weights)."""
+        self.update(outcome=outcomes.SKIPPED, output=f"could not be measured: {reason}")
+        pytest.skip(f"could not be measured: {reason}")
+
+    def not_here(self, reason: str):
+        """The check cannot run on this machine (it needs a GPU): it keeps its share of the maximum
+        and scores nothing until graded where it can run, so the total is provisional."""
+        self.update(outcome=NOT_GRADED_HERE, output=f"not graded here: {reason}")
+        pytest.skip(f"not graded here: {reason}")
+
+    def settle_reply(self, reply):
+        """Fail the check if the runner call itself went wrong; otherwise return quietly."""
+        self.update(seconds=reply.seconds)
+        if reply.ok:
+            return
+        outcome = outcomes.outcome_of_call(reply.status)
+        if outcome == outcomes.NOT_ATTEMPTED:
+            self.fail(f"not attempted: {reply.message}", outcome=outcome)
+        if outcome == outcomes.ERROR:
+            self.fail(f"raised {reply.message}", reply.traceback, outcome=outcome)
+        self.fail(reply.message, outcome=outcome)

@@ -1,0 +1,228 @@
+"""The grading session's state in one process (the controller, or an xdist worker): the
+submissions, the rubric and seed, one runner per submission and shard, the replies the checks share,
+the GPU this process grades on and its ledger."""
+import os
+import platform
+import threading
+from contextlib import contextmanager
+from functools import cached_property
+from pathlib import Path
+
+import pytest
+import torch
+
+from fa2_sandbox.harness import kernel_cache
+from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.discover import defined_functions, find_submissions, stub_functions
+from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
+from fa2_sandbox.wire import outcomes
+from grading import shards
+from grading.results import store
+from grading.rubric import Rubric, RubricError
+
+
+def warm_up_cuda(device: torch.device) -> None:
+    """Create this process's CUDA context and load cuBLAS, as the float64 oracles will."""
+    x = torch.ones(64, 64, dtype=torch.float64, device=device)
+    (x @ x).sum().item()
+
+
+class Grading:
+    """Session state shared by the grading tests of one process (controller or worker)."""
+
+    def __init__(self, config):
+        self.config = config
+        try:
+            self.rubric = Rubric(config.getoption("--rubric"))
+        except RubricError as exc:  # pytest prints it, without a traceback, and exits with status 4
+            raise pytest.UsageError(str(exc)) from None
+        self.reports = Path(config.getoption("--reports"))
+        self.seed = grading_seed(config, self.reports)
+        self.on_gpu = torch.cuda.is_available()
+        # Workers share the cores, and so do their runners: without this each one's float64
+        # oracles and each runner's matmuls would use every core at once.
+        self.threads = max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
+        torch.set_num_threads(self.threads)
+        # The worker's own CUDA work (oracles, the timing check's SDPA) on its runners' GPU: on two
+        # H200s every worker's went to GPU 0 (22 processes there, 2 on the other, most of a run).
+        if os.environ.get("PYTEST_XDIST_WORKER") and (gpu := self.worker_gpu()) is not None:
+            torch.cuda.set_device(gpu)
+        # A worker's first CUDA work (its context, cuBLAS) takes seconds; started now, it overlaps
+        # the start of the first runner, which the first oracle otherwise waits behind.
+        if os.environ.get("PYTEST_XDIST_WORKER") and self.on_gpu:
+            device = torch.device("cuda", torch.cuda.current_device())
+            threading.Thread(target=warm_up_cuda, args=(device,), name="warm-up-cuda", daemon=True).start()
+        self.submissions = find_submissions(config.getoption("--impl"))
+        self.functions = {s.name: defined_functions(s) for s in self.submissions}
+        self.stubs = {s.name: stub_functions(s) for s in self.submissions}
+        # On a GPU, under xdist, several workers share one submission (grading/shards.py);
+        # the plugin sets the shard of the test under way, and each (submission, shard) has its
+        # runner. On a CPU there is no compiling to spread, only runner starts to add.
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        self.sharded = self.on_gpu and workers > 1
+        self.per_kernel_shards = shards.per_kernel_shards(len(self.submissions), workers)
+        self.shard = ""
+        self._runners = {}  # (submission name, shard) -> SubmissionRunner
+        self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
+        self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
+        self._current = None
+        self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
+
+    def _switch_to(self, name: str):
+        """A worker grades one group's checks together (loadgroup): when the next group starts,
+        close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
+        group = (name, self.shard)
+        if group == self._current:
+            return
+        for other in [g for g in self._runners if g != group]:
+            self._runners.pop(other).close()
+        self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
+        self._current = group
+
+    def worker_env(self) -> dict:
+        """What a runner of this worker gets besides the harness's own environment: the Triton
+        interpreter without a GPU, this worker's GPU on a host of several, its share of the cores."""
+        env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
+        if (gpu := self.worker_gpu()) is not None:
+            env["CUDA_VISIBLE_DEVICES"] = str(gpu)
+        env["OMP_NUM_THREADS"] = str(self.threads)
+        return env
+
+    def worker_gpu(self):
+        """This worker's GPU on a host of several (workers pinned round-robin), else None."""
+        if not self.on_gpu or torch.cuda.device_count() < 2 or "CUDA_VISIBLE_DEVICES" in os.environ:
+            return None
+        return int(os.environ.get("PYTEST_XDIST_WORKER", "gw0").lstrip("gw") or 0) % torch.cuda.device_count()
+
+    @cached_property
+    def gpu_ledger(self):
+        """The ledger of this worker's GPU (fa2_sandbox/harness/gpu_ledger.py), shared with the
+        workers and runners on it; None without a GPU. Made on first use: the controller never
+        needs it, and reading the device's size creates a CUDA context."""
+        if not self.on_gpu:
+            return None
+        gpu = self.worker_gpu() or 0
+        workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
+        on_this_gpu = -(-workers // torch.cuda.device_count())
+        return GpuLedger(ledger_path(gpu), capacity_bytes(torch.cuda.get_device_properties(gpu).total_memory,
+                                                          on_this_gpu))
+
+    @contextmanager
+    def gpu_work(self, nbytes: int, what: str):
+        """The worker's own GPU work (an oracle) under a reservation of `nbytes`; its cached memory
+        goes back to the GPU after. On a CPU, nothing."""
+        if self.gpu_ledger is None:
+            yield
+            return
+        with self.gpu_ledger.reserve(nbytes, f"worker {os.environ.get('PYTEST_XDIST_WORKER', '')}: {what}"):
+            try:
+                yield
+            finally:
+                torch.cuda.empty_cache()
+
+    def kept_kernels(self, root, shard: str):
+        """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,
+        where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
+        return kernel_cache.kept_cache(root, shard) if self.on_gpu else None
+
+    def runner(self, submission) -> SubmissionRunner:
+        self._switch_to(submission.name)
+        group = (submission.name, self.shard)
+        if group not in self._runners:
+            self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
+                                                    import_timeout=self.rubric.timeout("import"),
+                                                    kept_kernels=self.kept_kernels(submission.root, self.shard),
+                                                    gpu_ledger=self.gpu_ledger)
+        return self._runners[group]
+
+    def fail_if_stub(self, check, submission, function: str):
+        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
+        unless the adapters do not even import: that, not the stub, is then the finding."""
+        if function not in self.stubs[submission.name]:
+            return
+        runner = self.runner(submission)
+        if (failure := runner.import_failure()) is not None:
+            self.note_runner(submission, runner, failure)
+            check.settle_reply(failure)
+        check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
+                   outcome=outcomes.NOT_ATTEMPTED)
+
+    def call_cached(self, submission, key, request, timeout, what):
+        """One runner call shared by the checks that need it (forward and backward, say)."""
+        self._switch_to(submission.name)
+        key = ((submission.name, self.shard), key)  # replies never cross submissions or shards
+        if key not in self._replies:
+            runner = self.runner(submission)
+            reply = runner.call(request, timeout, what)
+            tensors = reply.tensors if reply.ok else {}
+            self._replies[key] = (reply, tensors)
+            self.note_runner(submission, runner, reply)
+        return self._replies[key]
+
+    def note_runner(self, submission, runner, reply):
+        """Keep the runner's facts for info.json; the plugin sends them to the controller on the
+        test's report, and the controller alone writes the file."""
+        ungradable = reply.message if reply.status == "import_error" else None
+        if submission.problem:
+            ungradable = submission.problem
+        facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
+        if ungradable is not None:
+            facts["ungradable"] = ungradable
+        # One tail per runner: under sharding a submission has a runner per shard (grading/shards.py).
+        facts.setdefault("runner_logs", {})[self.shard] = runner.log_tail()
+        # Which confinement held the student's code, for the report to say in words (never silently).
+        facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
+
+    def forget(self, name: str):
+        """Drop a submission's cached replies and close its runners: a retry starts afresh."""
+        self._replies = {key: value for key, value in self._replies.items() if key[0][0] != name}
+        for group in [g for g in self._runners if g[0] == name]:
+            try:
+                self._runners.pop(group).close()
+            except Exception:
+                pass
+
+    def keep(self, name: str, start) -> SubmissionRunner:
+        """A runner of the grader's own code (`start()` makes it), kept for this process's session:
+        unlike a student's, it outlives the group that first asked for it."""
+        if name not in self._kept:
+            self._kept[name] = start()
+        return self._kept[name]
+
+    def close(self):
+        for runner in [*self._runners.values(), *self._kept.values()]:
+            runner.close()
+
+
+def usable_cores() -> int:
+    """The cores this process may run on: its affinity where the OS has one (taskset, the cpuset
+    Slurm gives a job), which os.cpu_count() ignores: a job given 8 cores of a 64-core node
+    would otherwise run 64 / workers threads in each of its workers and runners."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except AttributeError:  # macOS
+        return os.cpu_count() or 1
+
+
+def grading_seed(config, reports: Path) -> int:
+    """--seed when given; in an xdist worker, the controller's (pytest_configure_node); else the
+    reports folder's secret seed."""
+    if (seed := config.getoption("--seed")) is not None:
+        return seed
+    if hasattr(config, "workerinput"):
+        return config.workerinput["grading_seed"]
+    return store.secret_seed(reports)
+
+
+def environment(on_gpu: bool) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+            "triton": triton_version, "triton_interpreter": not on_gpu, "python": platform.python_version()}
+
+
+# The session's grading state, for the fixtures (grading/fixtures.py) and the hooks below.
+GRADING = pytest.StashKey[Grading]()
