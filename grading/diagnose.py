@@ -167,9 +167,10 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                     f"multiplied by log2(e) = 1.4427 (a scale of ln 2/sqrt({d}) = {math.log(2) / math.sqrt(d):.4f}). "
                     f"At d = {d} the two are too close to tell apart; the checks at other head dims say which.")
     if base2 and name in ("o", "L"):
-        return (f"{name} matches softmax(S ln 2) attention: the softmax uses exp2 but the scores were not multiplied "
-                f"by log2(e) = 1.4427, so it computes softmax(S ln 2) instead of softmax(S). Fold log2(e) into the "
-                f"softmax scale: log2(e) / sqrt(d).")
+        what = "the logsumexp of softmax(S ln 2) attention" if name == "L" else "softmax(S ln 2) attention"
+        return (f"{name} matches {what}: the softmax uses exp2 but the scores were not multiplied by log2(e) = "
+                f"1.4427, so it computes softmax(S ln 2) instead of softmax(S). Fold log2(e) into the softmax scale: "
+                f"log2(e) / sqrt(d).")
     if base2:
         return (f"{name} matches a right backward run on a wrong forward: P = exp(S - L) is recomputed from the "
                 f"forward's L, and the forward's softmax uses exp2 on scores not multiplied by log2(e) = 1.4427, so "
