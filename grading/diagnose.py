@@ -1,7 +1,7 @@
 """Turn a wrong tensor into one sentence a student can act on, plus a picture of where it is wrong.
 
 Each rule compares the student's tensor with the oracle, or with the oracle of a known mistake
-(non-causal attention, no 1/sqrt(d) scale, base-2 LSE, ...), and speaks only when the evidence
+(non-causal attention, no 1/sqrt(d) scale, base-2 LSE, exp2 without log2(e), ...), and speaks only when the evidence
 is clear. Otherwise the sentence says where the error concentrates.
 """
 import math
@@ -132,6 +132,10 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                     f"{case.dtype}.")
         if matches("lse-without-max"):
             return "L equals log(l) without the row max: the running max m is missing from L = m + log(l)."
+        if matches("base2-unscaled-log2"):
+            return ("L matches m + log2(l) of a softmax that uses exp2 on scores not multiplied by log2(e) = 1.4427: "
+                    "it computes softmax(S ln 2) instead of softmax(S), and L is left in base 2. Fold log2(e) into "
+                    "the softmax scale and store L in natural log, (m + log2(l)) * ln 2.")
 
     if case.is_causal:
         if matches("non-causal"):
@@ -149,9 +153,31 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
         return (f"{name} matches attention over {case.n_keys} keys plus {-case.n_keys % tile} zero keys: the "
                 f"last key tile reads past N_k = {case.n_keys} and its zero padding enters the softmax sum. "
                 f"Mask key positions >= N_k in non-causal mode too.")
+    # exp2 without log2(e) scales the scores by ln 2 / sqrt(d), not 1 / sqrt(d). At d = 32 that is
+    # 0.1225, within 2% of a hard-coded 1/8, so where both fit, the clearly nearer one is named, and
+    # where neither is clearly nearer, both are (issue 34: exp2 was told its head dim is hard-coded).
+    base2 = matches("base2-unscaled")
+    eighth = d != 64 and matches("scale-1/8")
+    if base2 and eighth:
+        like_base2, like_eighth = mistaken("base2-unscaled")[name], mistaken("scale-1/8")[name]
+        base2, eighth = _nearer(got, like_base2, like_eighth), _nearer(got, like_eighth, like_base2)
+        if not (base2 or eighth):
+            return (f"{name} matches attention whose scores are scaled by about 1/8 instead of 1/sqrt({d}): either "
+                    f"the head dimension is hard-coded (1/8 = 1/sqrt(64)), or the softmax uses exp2 on scores not "
+                    f"multiplied by log2(e) = 1.4427 (a scale of ln 2/sqrt({d}) = {math.log(2) / math.sqrt(d):.4f}). "
+                    f"At d = {d} the two are too close to tell apart; the checks at other head dims say which.")
+    if base2 and name in ("o", "L"):
+        what = "the logsumexp of softmax(S ln 2) attention" if name == "L" else "softmax(S ln 2) attention"
+        return (f"{name} matches {what}: the softmax uses exp2 but the scores were not multiplied by log2(e) = "
+                f"1.4427, so it computes softmax(S ln 2) instead of softmax(S). Fold log2(e) into the softmax scale: "
+                f"log2(e) / sqrt(d).")
+    if base2:
+        return (f"{name} matches a right backward run on a wrong forward: P = exp(S - L) is recomputed from the "
+                f"forward's L, and the forward's softmax uses exp2 on scores not multiplied by log2(e) = 1.4427, so "
+                f"it computes softmax(S ln 2). Fold log2(e) into the forward's softmax scale.")
     if name in ("o", "L") and matches("unscaled"):
         return f"{name} matches attention without the 1/sqrt(d) scale: the scores are not scaled."
-    if d != 64 and matches("scale-1/8"):
+    if eighth:
         return (f"{name} matches attention scaled by 1/8 = 1/sqrt(64) although d = {d}: the head dimension is "
                 f"hard-coded; use 1/sqrt(q.shape[-1]).")
     if len(case.batch) > 1 and matches("heads-flattened"):

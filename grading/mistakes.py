@@ -108,10 +108,35 @@ def with_scale(q, k, v, do, is_causal: bool, scale: float) -> dict:
     return {**result, "dq": result["dq"] * factor}
 
 
+def base2_unscaled(q, k, v, do, is_causal: bool) -> dict:
+    """A forward that takes exp2 of the scores without first multiplying them by log2(e): since
+    2^s = e^(s ln 2), it computes softmax(S ln 2), attention scaled by ln 2 / sqrt(d) instead of
+    1 / sqrt(d). Its L is that attention's natural-log LSE, (m + log2 l) * ln 2 as such kernels
+    convert it back (one that stores m + log2 l leaves it in base 2: base2_unscaled_log2).
+
+    Then a right backward on that o and L, as the handout writes it (the PyTorch backward most
+    students pair with a Triton forward): P = exp(S - L), D = rowsum(dO * O). P's rows no longer
+    sum to 1, so dq, dk and dv are wrong although the backward is not."""
+    scale = 1 / math.sqrt(q.shape[-1])
+    forward = with_scale(q, k, v, do, is_causal, math.log(2) * scale)
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    p = torch.exp(scores(q, k, is_causal) - forward["L"][..., None])
+    ds = p * (do @ v.transpose(-1, -2) - (do * forward["o"]).sum(-1, keepdim=True))
+    return {"o": forward["o"], "L": forward["L"], "dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale,
+            "dv": p.transpose(-1, -2) @ do}
+
+
+def base2_unscaled_log2(q, k, v, do, is_causal: bool) -> dict:
+    """base2_unscaled with L left in base 2 (m + log2 l, never multiplied by ln 2). Only its L is
+    meant to be compared: its gradients are base2_unscaled's, from a natural-log L."""
+    result = base2_unscaled(q, k, v, do, is_causal)
+    return {**result, "L": result["L"] / math.log(2)}
+
+
 def oracle_of(mistake: str, inputs: tuple, case) -> dict:
-    """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'lse-without-max', 'diagonal-masked',
-    'backward-unmasked', 'backward-unmasked-T', 'delta-per-tile-T', 'heads-flattened', 'padded-keys-T',
-    'tile-local-T' or 'tile-local-T-skip', with T a tile size)."""
+    """The tensors of `mistake` ('non-causal', 'unscaled', 'scale-1/8', 'base2-unscaled', 'base2-unscaled-log2',
+    'lse-without-max', 'diagonal-masked', 'backward-unmasked', 'backward-unmasked-T', 'delta-per-tile-T',
+    'heads-flattened', 'padded-keys-T', 'tile-local-T' or 'tile-local-T-skip', with T a tile size)."""
     return {name: t.cpu() for name, t in _compute(mistake, *inputs, case).items()}
 
 
@@ -122,6 +147,10 @@ def _compute(mistake, q, k, v, do, case) -> dict:
         return with_scale(q, k, v, do, case.is_causal, 1.0)
     if mistake == "scale-1/8":  # the course's d = 64 hard-coded
         return with_scale(q, k, v, do, case.is_causal, 1 / 8)
+    if mistake == "base2-unscaled":  # exp2 without log2(e)
+        return base2_unscaled(q, k, v, do, case.is_causal)
+    if mistake == "base2-unscaled-log2":
+        return base2_unscaled_log2(q, k, v, do, case.is_causal)
     if mistake == "lse-without-max":
         return lse_without_max(q, k, v, do, case.is_causal)
     if mistake == "diagonal-masked":

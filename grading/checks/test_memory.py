@@ -7,7 +7,8 @@ a length where one N x N matrix would dwarf everything else.
 The Triton case is bf16. A class that raises in bf16 (a kernel that fails to compile for bf16
 inputs, say) is measured on the same case in float32 instead: whether an N x N matrix is formed
 is a matter of shape, not dtype, and the bf16 error is charged by the bf16 checks already, not a
-second time here. Only a class that runs in neither dtype fails here for raising.
+second time here. Only a class that runs in neither dtype fails here for raising, and its
+diagnosis quotes what went wrong in each dtype: the float32 failure may be a bug of its own.
 """
 import dataclasses
 
@@ -48,11 +49,22 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
     if on_cuda and case.dtype != "float32" and raised(reply, phase):
         twin = dataclasses.replace(case, dtype="float32")
         fp32_reply, _ = run_case(grading, submission, slot, twin, warmup=True)
-        if fp32_reply.ok and not raised(fp32_reply, phase):
-            error = reply.message if reply.status == "error" else reply.result["backward_error"]["message"]
-            note = (f" Measured in float32: in {case.dtype} the {phase} raised {error}, which the {case.dtype} "
-                    f"checks of the slot charge already.")
-            case, reply = twin, fp32_reply
+        if not measured(fp32_reply, phase):
+            # Quote both: the bf16 error alone hid a float32 failure of its own (issue 34), and
+            # either one fixed lets this check measure the class.
+            bf16_failed, fp32_failed = what_failed(reply), what_failed(fp32_reply)
+            found = (f"in both {bf16_failed}" if bf16_failed == fp32_failed else
+                     f"in {case.dtype} {bf16_failed}; in float32 {fp32_failed}")
+            traces = [f"{dtype}:\n{trace}" for dtype, trace in ((case.dtype, traceback_of(reply)),
+                                                               ("float32", traceback_of(fp32_reply))) if trace]
+            c.update(seconds=reply.seconds + fp32_reply.seconds)
+            fix = "fix it" if bf16_failed == fp32_failed else "fix either"
+            c.fail(f"the {phase} must run in {case.dtype}, or else in float32, for its memory to be measured, and it "
+                   f"ran in neither: {found}; {fix} and the memory is measured (the flash_triton checks of each "
+                   f"dtype show the error).", "\n".join(traces), outcome="error")
+        note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the {case.dtype} "
+                f"checks of the slot charge already.")
+        case, reply = twin, fp32_reply
     c.settle_reply(reply)
     if phase == "backward" and (error := reply.result.get("backward_error")):
         c.fail(f"the backward raised {error['message']}", outcome=outcomes.NOT_ATTEMPTED if error["status"] ==
@@ -72,6 +84,31 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
                f"at least one full {case.n_queries} x {case.n_keys} score matrix: FlashAttention works tile by tile.")
     else:
         c.ok(f"largest tensor {seen['largest_shape']} ({seen['largest_numel']:,} elements) < {scores:,}")
+
+
+def measured(reply, phase) -> bool:
+    """Whether `phase` ran, so that its memory was measured."""
+    return reply.ok and phase in reply.result
+
+
+def what_failed(reply) -> str:
+    """What went wrong in a call that measured nothing, as words that follow "in float32 "."""
+    if reply.ok:  # the forward ran; the backward raised
+        return f"the backward raised {reply.result['backward_error']['message']}"
+    if reply.status == "error":
+        return f"the forward raised {reply.message}"
+    if reply.status == "timeout":
+        return f"the call {reply.message}"  # "timed out after 300 s in forward (N=...)"
+    if reply.status == "crash":
+        return f"the runner crashed: {reply.message}"
+    return reply.message
+
+
+def traceback_of(reply) -> str:
+    """The traceback of what went wrong: the backward's where the forward ran."""
+    if reply.ok:
+        return (reply.result.get("backward_error") or {}).get("traceback", "")
+    return reply.traceback
 
 
 def raised(reply, phase) -> bool:

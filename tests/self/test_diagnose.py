@@ -205,3 +205,80 @@ def test_a_wrong_delta_without_tiles_blames_no_key_tile(case):
     sentence = sentence_for(case, wrong)[0]
     assert sentence.startswith("dq and dk are wrong while dv is right, so the error is in dS") and "tile" not in \
         sentence, sentence
+
+
+def base2_forward(q, k, v, is_causal, scale=None):
+    """A forward that takes exp2 of q.k * scale (default 1/sqrt(d)) without multiplying by log2(e),
+    built here by hand: o, and its L as m + log2(l) in base 2 (convert with * ln 2)."""
+    q, k, v = (t.double() for t in (q, k, v))
+    s = q @ k.transpose(-1, -2) * (scale or q.shape[-1] ** -0.5)
+    if is_causal:
+        s = s.masked_fill(torch.ones(s.shape[-2:]).triu(1).bool(), -1e6)
+    m = s.amax(-1, keepdim=True)
+    p = torch.exp2(s - m)
+    return p @ v / p.sum(-1, keepdim=True), (m[..., 0] + torch.log2(p.sum(-1)))
+
+
+EXP2 = "the softmax uses exp2 but the scores were not multiplied by log2(e) = 1.4427, so it computes softmax(S ln 2)"
+
+
+@pytest.mark.parametrize("case", [FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=d, dtype=dtype, is_causal=c)
+                                  for d, c in ((16, False), (32, False), (32, True), (128, False))
+                                  for dtype in ("float32", "bfloat16")], ids=lambda case: case.id)
+def test_exp2_without_log2e_is_named_not_a_hard_coded_head_dim(case):
+    """Issue 34: a Triton forward using exp2 on unscaled scores computes softmax(S ln 2), attention
+    scaled by ln 2/sqrt(d); at d = 32 that is within 2% of a hard-coded 1/8, and the student was
+    told the head dim is hard-coded."""
+    q, k, v, do = make_inputs(case, seed=7)
+    o, L2 = base2_forward(q, k, v, case.is_causal)
+    sentence = sentence_for(case, {"o": o, "L": L2 * math.log(2)})[0]
+    assert sentence.startswith("o matches softmax(S ln 2) attention: " + EXP2) and "hard-coded" not in sentence, \
+        sentence
+
+
+def test_an_lse_of_exp2_left_in_base_2_is_named():
+    """Only L wrong (o right): L = m + log2(l) of exp2 on unscaled scores, never converted."""
+    _, L2 = base2_forward(*make_inputs(FULL, seed=7)[:3], False)
+    sentence = sentence_for(FULL, {"L": L2})[0]
+    assert sentence.startswith("L matches m + log2(l) of a softmax that uses exp2 on scores not multiplied by "
+                               "log2(e)") and "L is left in base 2" in sentence, sentence
+
+
+@pytest.mark.parametrize("case", [FULL, CAUSAL], ids=lambda case: case.id)
+def test_a_right_backward_after_an_exp2_forward_blames_the_forward(case):
+    """The backward recomputes P = exp(S - L) from the forward's L, which is wrong: dq, dk, dv
+    are wrong though the backward is right, and the sentence says to fix the forward."""
+    q, k, v, do = make_inputs(case, seed=7)
+    o, L2 = base2_forward(q, k, v, case.is_causal)
+    q, k, v, do = (t.double() for t in (q, k, v, do))
+    p = torch.exp(scores(q, k, case.is_causal) - L2[..., None] * math.log(2))
+    ds = p * (do @ v.transpose(-1, -2) - (do * o).sum(-1, keepdim=True))
+    scale = 1 / math.sqrt(case.head_dim)
+    wrong = {"dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
+    sentence = sentence_for(case, wrong)[0]
+    assert sentence.startswith("dq matches a right backward run on a wrong forward") and \
+        "Fold log2(e) into the forward's softmax scale" in sentence, sentence
+
+
+@pytest.mark.parametrize("case", [FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=d, dtype=dtype)
+                                  for d in (16, 32, 128) for dtype in ("float32", "bfloat16")],
+                         ids=lambda case: case.id)
+def test_a_hard_coded_head_dim_and_a_missing_scale_are_not_called_exp2(case):
+    q, k, v, do = make_inputs(case, seed=7)
+    for scale, said in ((1 / 8, "the head dimension is hard-coded"), (1.0, "without the 1/sqrt(d) scale")):
+        wrong = mistakes.with_scale(q, k, v, do, False, scale)
+        sentence = sentence_for(case, {"o": wrong["o"], "L": wrong["L"]})[0]
+        assert said in sentence and "exp2" not in sentence, sentence
+    L = attention_and_grads(q, k, v, do)["L"] / math.log(2)  # a base-2 LSE of the right scores
+    sentence = sentence_for(case, {"L": L})[0]
+    assert "the LSE is stored in base 2" in sentence and "exp2" not in sentence, sentence
+
+
+def test_exp2_and_a_hard_coded_head_dim_too_close_to_tell_apart_name_both():
+    """At d = 32, ln 2/sqrt(32) = 0.1225 and 1/8 = 0.125: an o halfway between the two fits both
+    equally, and the sentence names both rather than guess."""
+    case = FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=32)
+    q, k, v, do = make_inputs(case, seed=7)
+    o = (base2_forward(q, k, v, False)[0] + mistakes.with_scale(q, k, v, do, False, 1 / 8)["o"]) / 2
+    sentence = sentence_for(case, {"o": o})[0]
+    assert "either the head dimension is hard-coded" in sentence and "too close to tell apart" in sentence, sentence
