@@ -61,7 +61,7 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
             fix = "fix it" if bf16_failed == fp32_failed else "fix either"
             c.fail(f"the {phase} must run in {case.dtype}, or else in float32, for its memory to be measured, and it "
                    f"ran in neither: {found}; {fix} and the memory is measured (the flash_triton checks of each "
-                   f"dtype show the error).", "\n".join(traces), outcome="error")
+                   f"dtype show the error).", "\n".join(traces), outcome=outcomes.ERROR)
         note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the {case.dtype} "
                 f"checks of the slot charge already.")
         case, reply = twin, fp32_reply

@@ -1,6 +1,6 @@
 """Check records on disk: one file per finished check, assembled into Gradescope's results.json.
 
-A check file is one reporting.record.CheckRecord as its `to_json` gives it; assemble() reads the
+A check file is one grading.results.record.CheckRecord as its `to_json` gives it; scoring.assemble() reads the
 current ones back, scores them with the rubric and writes each as its `to_gradescope` entry, so
 one type carries a check from the test that makes it to the page that shows it.
 
@@ -27,7 +27,7 @@ temporary file that then replaces it, so a reader never sees half of one):
                              rubric's order (the pages show them in that order).
   <sub>/gradescope.json      assemble, right after results.json (reporting/gradescope.py: the same
                              results, one test per rubric group), which is what Gradescope gets;
-                             also `python -m grading.record_store --reports DIR`, which
+                             also `python -m grading.results --reports DIR`, which
                              assembles from the check files after a run was killed (run_autograder).
   <sub>/index.html, index.html, grades.csv
                              the controller at session end (reporting.build_reports), or
