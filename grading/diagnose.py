@@ -187,6 +187,9 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
     if name in ("dq", "dk") and "dq" in tensors and "dk" in tensors and tensors["dq"].shape == tensors["dk"].shape:
         if _close(got, oracle["dk" if name == "dq" else "dq"].cpu()):
             return "dQ and dK are swapped."
+    if got.abs().max().item() == 0 and want.abs().max().item() > 0:
+        return (f"{name} is zero everywhere: nothing was written into it, or it was returned before it was "
+                f"computed (an output allocated with zeros, filled later or never).")
     if (c := _proportional(got, want)) is not None:
         if abs(c / math.sqrt(d) - 1) < 0.02:
             return f"{name} is sqrt(d) = {math.sqrt(d):g} times the oracle: its 1/sqrt(d) scale is missing."

@@ -40,6 +40,14 @@ def test_missing_dk_scale():
     assert "its 1/sqrt(d) scale is missing" in sentence_for(FULL, {"dk": dk})[0]
 
 
+def test_an_output_never_written_is_said_to_be_zero():
+    """A forward returning the zeros it allocated (tamper_late_write, an unfilled output): not "a
+    constant factor is wrong"."""
+    q, k, v, do = make_inputs(FULL, seed=7)
+    said = sentence_for(FULL, {"o": torch.zeros_like(q)})[0]
+    assert said.startswith("o is zero everywhere") and "factor" not in said
+
+
 def test_base2_lse():
     q, k, v, do = make_inputs(FULL, seed=7)
     assert "base 2" in sentence_for(FULL, {"L": attention_and_grads(q, k, v, do)["L"] / math.log(2)})[0]
