@@ -30,29 +30,31 @@ part may hold one (a directory name never holds "/").
 from fa2_sandbox.wire.cases import FLASH_SLOTS, SHORT, FlashCase
 
 SEPARATOR = "/"
+DISTRIBUTED = "distributed"  # the distributed checks' shard: one runner, its ranks kept between calls
 
 
 def is_distributed(item) -> bool:
     """DDP, the sharded optimizer and FSDP: checks whose runner calls run on its ranks."""
-    return item.module.__name__.rsplit(".", 1)[-1] in ("test_distributed", "test_fsdp")
+    return declared_shard(item, True) == DISTRIBUTED
+
+
+def declared_shard(item, per_kernel: bool) -> str:
+    """The shard a checks module gives a test of its own: each module under grading/checks
+    declares `shard(params, per_kernel)`, so a new module says where its checks run."""
+    declare = getattr(item.module, "shard", None)
+    if declare is None:
+        raise TypeError(f"{item.module.__name__} declares no shard(params, per_kernel): each checks module "
+                        f"says which runner of a submission its checks use (grading/shards.py)")
+    return declare(item.callspec.params, per_kernel)
 
 
 def shard_of(item, stubs: set, per_kernel: bool = True) -> str:
-    """The shard of a grading test, from its module, its name and its parameters. `per_kernel`:
-    the Triton slot in a shard per kernel (dtype, causal, head dim), else per (dtype, causal)."""
-    params = item.callspec.params
-    module = item.module.__name__.rsplit(".", 1)[-1]
-    if module == "test_memory" and params["slot"] == "pytorch":
-        return "pytorch"  # its case is one of the slot's own, so the slot's reply serves it
-    if module in ("test_timing", "test_memory"):
-        return f"{module.removeprefix('test_')}-{params['slot']}"
-    if is_distributed(item):
-        return "distributed"
-    slot = params.get("slot", "pytorch")  # test_runs_on_cuda has no slot: the PyTorch class
-    case = params.get("case")
-    if slot != "triton" or FLASH_SLOTS["triton"] in stubs or case is None:
-        return slot
-    return kernel_shard(case, per_kernel)
+    """The shard of a grading test, as its module declares it. A Triton slot that is the
+    template's stub stays one shard ("triton"), however its module would split it."""
+    shard = declared_shard(item, per_kernel)
+    if shard.startswith("triton-") and FLASH_SLOTS["triton"] in stubs:
+        return "triton"
+    return shard
 
 
 def kernel_shard(case: FlashCase, per_kernel: bool = True) -> str:

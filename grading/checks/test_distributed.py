@@ -50,6 +50,7 @@ from grading.checks.distributed_checks import (
     settle_scenario,
     state_unmeasured,
 )
+from grading.shards import DISTRIBUTED
 
 DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
 BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn
@@ -71,6 +72,11 @@ SHARDED_SCENARIOS = {
 
 
 # -- the runs ---------------------------------------------------------------------------------
+
+def shard(params: dict, per_kernel: bool) -> str:
+    """One runner for the distributed checks: its ranks are kept from one call to the next."""
+    return DISTRIBUTED
+
 
 def ddp_run(grading, submission, flavour):
     spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": grading.seed,

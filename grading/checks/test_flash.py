@@ -23,6 +23,7 @@ from grading.checks.flash_checks import (
     settle,
 )
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
+from grading.shards import kernel_shard
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -37,6 +38,13 @@ HYGIENE = [next(p for p in PARAMS if p[0] == slot and p[1] in ("handout", "bf16"
 IMPLEMENTATION = [next(p for p in PARAMS if p[0] == slot) for slot in SLOTS]
 REPLAY = [(slot, tier, case) for slot in SLOTS for tier, case in replay_cases(slot, torch.cuda.is_available())]
 ANSWERS = ("o", "L", "dq", "dk", "dv")
+
+
+def shard(params: dict, per_kernel: bool) -> str:
+    """The runner of a flash check (grading/shards.py): the PyTorch slot's (runs_on_cuda included),
+    or for the Triton slot the kernel its case compiles."""
+    slot, case = params.get("slot", "pytorch"), params.get("case")
+    return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else slot
 
 
 def stored_as(baseline: dict, got: dict) -> dict:

@@ -50,6 +50,7 @@ from grading.checks.distributed_checks import (
     pick,
     settle_scenario,
 )
+from grading.shards import DISTRIBUTED
 
 FSDP_MODEL = "course"
 FSDP_STEPS, FSDP_BATCH, FSDP_LR = 3, 20, 0.01  # the official test_fsdp.py's steps, batch and SGD rate
@@ -62,6 +63,11 @@ TEMPLATE_2025 = "this submission follows the 2025 template, which has no FSDP"
 LABELS = {"wrap": "get_fsdp", "forward": "the wrapper's forward", "backward": "loss.backward()",
           "after_backward": "fsdp_on_after_backward", "step": "optimizer.step()",
           "gather": "fsdp_gather_full_params", "setup": "setup"}
+
+
+def shard(params: dict, per_kernel: bool) -> str:
+    """One runner for the distributed checks: its ranks are kept from one call to the next."""
+    return DISTRIBUTED
 
 
 def fsdp_run(grading, submission):

@@ -26,6 +26,12 @@ GPU_CASES = {
 }
 
 
+def shard(params: dict, per_kernel: bool) -> str:
+    """The PyTorch slot's memory joins the slot's shard (its case is one of the slot's own, so the
+    slot's reply serves it); the Triton slot's runs at N = 16384 in a runner of its own."""
+    return "pytorch" if params["slot"] == "pytorch" else f"memory-{params['slot']}"
+
+
 def _limit_bytes(case) -> int:
     """Generous O(N d): 32 copies of q (fp32 accumulators, saved tensors, gradients), plus
     16 MiB of allocator slack. One batch row's q: the GPU cases have batch (1,). At the Triton

@@ -28,6 +28,11 @@ from reference.tolerance import judge_attention
 JUDGED_BATCH = 2
 
 
+def shard(params: dict, per_kernel: bool) -> str:
+    """Each slot's timing in a runner of its own: its window measures nothing else."""
+    return f"timing-{params['slot']}"
+
+
 def last_seed(seed, budget):
     return seed + 1000 * (budget["repeats"] - 1) + budget["iters"] - 1
 
