@@ -80,30 +80,36 @@ def grades_csv(submissions) -> str:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
     advice_keys = [k for k in part_keys
                    if any(p.key == k and p.advice_max_score is not None for sub in submissions for p in sub.parts)]
+
+    def graded(sub, key):
+        return next((p for p in sub.parts if p.key == key and p.graded), None)
+
+    def split(sub, key, side):  # a part's requirement or advice points, blank where results.json does not say
+        part = graded(sub, key)
+        if part is None or part.advice_max_score is None:
+            return ""
+        return _points(part.requirement_score if side == "requirements" else part.advice_score)
+
+    def total(sub):
+        return _points(sub.score) + (" (incomplete)" if sub.incomplete else " (provisional)" if sub.provisional else "")
+
+    # The columns, each a header and how a submission fills it: the header row and every row come from this list.
+    columns = [("name", lambda sub: sub.name),
+               *((key, lambda sub, i=i: _identity(sub)[i]) for i, key in enumerate(("student", "student_id", "email"))),
+               *((header, lambda sub, key=key, attr=attr: "" if (part := graded(sub, key)) is None
+                  else _points(getattr(part, attr)))
+                 for key in part_keys for header, attr in ((key, "score"), (f"{key}_max", "max_score"))),
+               ("total", total), ("max", lambda sub: _points(sub.max_score)),
+               ("seed", lambda sub: "" if sub.seed is None else sub.seed),
+               *((f"{key}_{side}", lambda sub, key=key, side=side: split(sub, key, side))
+                 for key in advice_keys for side in ("requirements", "advice")),
+               ("notes", lambda sub: " ".join(sub.notes)),
+               ("complete", lambda sub: "no" if sub.incomplete else "provisional" if sub.provisional else "yes")]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
-    writer.writerow(["name", "student", "student_id", "email", *(c for k in part_keys for c in (k, f"{k}_max")),
-                     "total", "max", "seed",
-                     *(f"{k}_{kind}" for k in advice_keys for kind in ("requirements", "advice")), "notes",
-                     "complete"])
+    writer.writerow([header for header, _ in columns])
     for sub in submissions:
-        parts = {p.key: p for p in sub.parts if p.graded}
-        scores = []
-        for key in part_keys:
-            part = parts.get(key)
-            scores += ["", ""] if part is None else [_points(part.score), _points(part.max_score)]
-        split = []
-        for key in advice_keys:
-            part = parts.get(key)
-            if part is None or part.advice_max_score is None:
-                split += ["", ""]
-            else:
-                split += [_points(part.requirement_score), _points(part.advice_score)]
-        writer.writerow([sub.name, *_identity(sub), *scores,
-                         _points(sub.score) + (" (incomplete)" if sub.incomplete else
-                                               " (provisional)" if sub.provisional else ""), _points(sub.max_score),
-                         "" if sub.seed is None else sub.seed, *split, " ".join(sub.notes),
-                         "no" if sub.incomplete else "provisional" if sub.provisional else "yes"])
+        writer.writerow([value(sub) for _, value in columns])
     return out.getvalue()
 
 
