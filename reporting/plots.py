@@ -103,7 +103,7 @@ class _ErrorScale:
 
 
 def heatmap_svg(heatmap: dict, bound=None):
-    """Max abs error per cell, with a colour legend: as grading/diagnose.py heatmap() draws
+    """Max abs error per cell, with a colour legend: as grading/diagnoses/flash.py heatmap() draws
     it, a row per tile of the tensor's own rows (query tiles for o, L and dq, key tiles for dk
     and dv) and a column per batch x head; the labels say so when results.json gives them.
 

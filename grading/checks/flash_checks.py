@@ -10,7 +10,7 @@ from functools import lru_cache
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
-from grading import mistakes
+from grading.diagnoses import mistakes
 from grading.matrix import replay_cases, slot_device
 from reference.tolerance import expected_attention, tf32_attention_and_grads
 

@@ -11,7 +11,6 @@ import torch
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS
-from grading import diagnose
 from grading.checks.flash_checks import (
     SLOTS,
     expected,
@@ -22,6 +21,7 @@ from grading.checks.flash_checks import (
     run_case,
     settle,
 )
+from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
 from grading.shards import kernel_shard
 from reference.tolerance import course_close, judge_attention

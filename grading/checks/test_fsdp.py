@@ -35,26 +35,27 @@ Without get_fsdp in the adapters (the 2025 template) the checks are skipped and 
 """
 import pytest
 import torch
-import torch.nn.functional as F
 
-from fa2_sandbox.wire.training import build_model, make_batches, training_loss
+from fa2_sandbox.wire.training import build_model
 from grading.checks.distributed_checks import (
-    ATOL,
-    RTOL,
+    FSDP_BATCH,
+    FSDP_LR,
+    FSDP_MODEL,
+    FSDP_STEPS,
+    PRECISIONS,
     WORLD_SIZE,
+    by_original_name,
     close,
     distributed_call,
     max_diff,
     names,
-    one_thread,
     pick,
     settle_scenario,
+    train_baseline,
 )
+from grading.diagnoses.fsdp import explain
 from grading.shards import DISTRIBUTED
 
-FSDP_MODEL = "course"
-FSDP_STEPS, FSDP_BATCH, FSDP_LR = 3, 20, 0.01  # the official test_fsdp.py's steps, batch and SGD rate
-PRECISIONS = {"fp32": None, "fp16": "float16"}
 FP16_FACTOR, FP16_ATOL = 3.0, 2e-5
 FP32_MATCH = 2e-6  # closer than this to fp32 training: float16 was never used
 NUMEL_SLACK = 16
@@ -85,46 +86,14 @@ def gate_fsdp(c, grading, submission):
 
 # -- baselines --------------------------------------------------------------------------------
 
-def cast_compute(model, dtype):
-    """Make each Linear/Embedding compute with its weight cast to `dtype` from the fp32 parameter
-    (autograd casts the gradient back), as the official tests' _apply_mixed_precision_hooks do."""
-    for layer in model.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = lambda x, m=layer: F.linear(x, m.weight.to(dtype))
-        elif isinstance(layer, torch.nn.Embedding):
-            layer.forward = lambda x, m=layer: F.embedding(x, m.weight.to(dtype), m.padding_idx)
 
 
-def train_baseline(grading, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice(None)):
-    """Single-process SGD on rows of each global batch, computing in `dtype` (None: fp32)."""
-    with one_thread():
-        model = build_model(FSDP_MODEL, grading.seed)
-        if dtype is not None:
-            cast_compute(model, getattr(torch, dtype))
-        x, y = make_batches(FSDP_MODEL, grading.seed + 3, FSDP_STEPS, FSDP_BATCH)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for step in range(steps):
-            optimizer.zero_grad()
-            training_loss(FSDP_MODEL, model(x[step, rows]), y[step, rows]).backward()
-            optimizer.step()
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def initial_params(grading):
-    return {n: p.detach().clone() for n, p in build_model(FSDP_MODEL, grading.seed).named_parameters()}
 
 
 # -- reading what the ranks returned ----------------------------------------------------------
 
-def by_original_name(got: dict, want: dict) -> dict:
-    """got renamed to want's names: exact, or a unique key ending in ".<name>" (a wrapper prefix)."""
-    out = {}
-    for n in want:
-        if n in got:
-            out[n] = got[n]
-        elif len(found := [k for k in got if k.endswith("." + n)]) == 1:
-            out[n] = got[found[0]]
-    return out
 
 
 def gathered(c, ranks, tensors, precision, kind, want):
@@ -160,91 +129,8 @@ def diffs_text(finals, want) -> str:
 
 # -- diagnoses --------------------------------------------------------------------------------
 
-def first_step_grads(grading, dtype, rows=slice(None)):
-    """The gradient SGD used in the first step, read off the parameters: (p0 - p1) / lr."""
-    init, after = initial_params(grading), train_baseline(grading, dtype, steps=1, rows=rows)
-    return {n: (init[n] - after[n]) / FSDP_LR for n in init}
 
 
-def explain(grading, precision, ranks, tensors):
-    """A sentence for why the gathered parameters differ from the baseline, or None."""
-    dtype = PRECISIONS[precision]
-    init = initial_params(grading)
-    afters = [by_original_name(pick(tensors, precision, r, "after1"), init) for r in range(len(ranks))]
-    finals = [by_original_name(pick(tensors, precision, r, "final"), init) for r in range(len(ranks))]
-    if dtype and any(set(s.get("param_dtypes", ())) & {"float16", "bfloat16"} for s in ranks):
-        return ("the parameters the optimizer sees are not float32: keep the master weights (the shards) in "
-                "float32 and cast only the gathered copies to compute_dtype.")
-    if low := sorted({str(t.dtype).split(".")[-1] for f in finals for t in f.values() if t.dtype != torch.float32}):
-        return (f"fsdp_gather_full_params returned {', '.join(low)} tensors: it should return the float32 "
-                f"master weights, not their compute_dtype copies.")
-    for r in range(len(ranks)):
-        initial = by_original_name(pick(tensors, precision, r, "initial"), init)
-        if len(initial) == len(init) and any(not close(initial[n], init[n]) for n in init):
-            diff, n = max_diff(initial, init)
-            return (f"right after get_fsdp, rank {r}'s fsdp_gather_full_params is not the model's initial parameters "
-                    f"(max difference {diff:.2g} in {n}): the shards are cut or put back together wrongly (the "
-                    f"full tensor is the shards in rank order, padding dropped, reshaped).")
-    if all(close(final[n], init[n]) for final in finals for n in init):
-        return ("the parameters never changed: optimizer.step() updated nothing (is the optimizer's "
-                "parameters() the shards, and do the shards hold .grad after fsdp_on_after_backward?).")
-
-    # The first step: SGD without momentum, so (p0 - p1) / lr is the gradient that was applied.
-    if any(len(after) < len(init) for after in afters):
-        return None
-    full = first_step_grads(grading, dtype)
-    local = [first_step_grads(grading, dtype, slice(r * FSDP_BATCH // WORLD_SIZE, (r + 1) * FSDP_BATCH // WORLD_SIZE))
-             for r in range(WORLD_SIZE)]
-    # (p0 - p1) / lr carries float32's rounding of the parameters, over lr (2e-4 at lr 0.01 here)
-    rounding = 4 * torch.finfo(torch.float32).eps * max(p.abs().max().item() for p in init.values()) / FSDP_LR
-    atol, rtol = (1e-4 + rounding, 2e-2) if dtype else (ATOL + rounding, RTOL)  # fp16: only multiples and swaps
-
-    def near(a, b):
-        return bool(((a.double() - b.double()).abs() <= atol + rtol * b.double().abs()).all())
-
-    def kind(got, n):
-        for k in (1, WORLD_SIZE, 1 / WORLD_SIZE):
-            if near(got, k * full[n]):
-                return k
-        # Each element is some rank's own-slice gradient (a shard updated with its rank's local
-        # gradient, say): nothing was reduced across ranks.
-        excess = torch.stack([(got.double() - l[n].double()).abs() - (atol + rtol * l[n].double().abs())
-                              for l in local])
-        return "local" if bool((excess.min(0).values <= 0).all()) else None
-
-    for r, after in enumerate(afters):
-        kinds = {n: kind((init[n] - after[n]) / FSDP_LR, n) for n in init}
-        wrong = [n for n, k in kinds.items() if k != 1]
-        if not wrong:
-            continue
-        if all(kinds[n] == "local" for n in wrong) and len(wrong) == len(kinds):
-            return ("gradients are not reduced across ranks: in the first step each rank applied the gradient of "
-                    "its own slice of the batch, not the average over all ranks.")
-        if all(k == WORLD_SIZE for k in kinds.values()):
-            return ("the parameters move by world_size times the expected update: gradients are summed over "
-                    "ranks, not averaged (divide the reduced sum by the world size).")
-        if all(k == 1 / WORLD_SIZE for k in kinds.values()):
-            return (f"the first step's gradients are 1/{WORLD_SIZE} of the full-batch average: divided by the "
-                    f"world size twice.")
-        if len(wrong) == len(kinds) and None in kinds.values():
-            return (f"in the first step, rank {r} applied to no parameter the full-batch average gradient (read off "
-                    f"the parameters gathered after it): check the reduction, and how shards map to the full tensor.")
-        how = {kinds[n] for n in wrong}
-        what = ("the gradient of its own slice of the batch only (not reduced across ranks)" if how == {"local"}
-                else f"{how.pop():g}x the full-batch average gradient" if len(how) == 1 and None not in how
-                else "a gradient other than the full-batch average")
-        hint = (": biases, and any parameter kept whole on every rank, need their gradients averaged too"
-                if all(n.endswith("bias") for n in wrong) else "")
-        others = "; the others were right" if len(wrong) < len(kinds) else ""
-        return f"in the first step, rank {r} applied to {names(wrong)} {what}{others}{hint}."
-
-    for r in range(1, len(ranks)):
-        if any(not close(finals[r][n], finals[0][n]) for n in init):
-            diff, n = max_diff(finals[r], finals[0])
-            return (f"the first step is right, but after {FSDP_STEPS} steps the ranks' gathered parameters disagree "
-                    f"(rank {r} differs from rank 0 by {diff:.2g} in {n}).")
-    return (f"the first step is right but the parameters after {FSDP_STEPS} steps are not: gradients of later "
-            f"steps are not reduced the same way (are pending reductions and .grad reset each step?).")
 
 
 # -- checks -----------------------------------------------------------------------------------

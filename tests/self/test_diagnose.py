@@ -1,7 +1,7 @@
 """The diagnoses name the mistake behind a wrong tensor, and the stub finder reads templates right.
 
 Wrong tensors are built here from the float64 oracle by hand (a scaled gradient, a base-2 LSE,
-a strict causal mask, ...), independently of grading/mistakes.py where that is possible.
+a strict causal mask, ...), independently of grading/diagnoses/mistakes.py where that is possible.
 """
 import math
 
@@ -10,7 +10,8 @@ import torch
 
 from fa2_sandbox.harness.discover import defined_functions, load_submission, stub_functions
 from fa2_sandbox.wire.cases import FlashCase, make_inputs
-from grading import diagnose, mistakes
+from grading.diagnoses import flash as diagnose
+from grading.diagnoses import mistakes
 from reference.oracle import attention_and_grads, scores
 from reference.tolerance import expected_attention, judge_attention
 

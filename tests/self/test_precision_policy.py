@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from grading.mistakes import backward_unmasked
+from grading.diagnoses.mistakes import backward_unmasked
 from reference.tolerance import (
     compare,
     course_close,
