@@ -234,6 +234,13 @@ class Rubric:
         # The factors of reference/tolerance.py's rule, which holds their defaults; a rubric may override them.
         self.tolerances = {"output_factor": OUTPUT_FACTOR, "grad_factor": GRAD_FACTOR, **plain(data.tolerances)}
         self.groups = {key: group.model_dump() for key, group in (data.groups or {}).items()}
+        # A check lands in its most specific group (group_of); one that lands in none would score 0
+        # without a word, so a rubric must name every group the checks use, or its check or its part.
+        known = known_groups or default_groups()
+        if unplaced := [g for g in known if self.group_of(*(g.split(".") + ["", ""])[:3]) not in self.groups]:
+            raise RubricError(f"{self.path}: no group of this rubric holds {', '.join(unplaced)} (nor its "
+                              f"part.check, nor its part): those checks would score 0 without a word. Add each "
+                              f"group, with points: 0 to leave its checks unscored.")
 
     def group_of(self, part: str, check: str, tier: str) -> str:
         """The most specific group naming this check: part.check.tier, then part.check, then part."""

@@ -132,3 +132,15 @@ def test_pytest_stops_on_a_bad_rubric_with_status_4(tmp_path):
     assert proc.returncode == 4, proc.stdout + proc.stderr
     assert f"{path}:{line}: groups.flash_pytorch.forward.robustness.visibility is 'after_due'" in proc.stderr
     assert "Traceback" not in proc.stderr and not (tmp_path / "reports").exists()
+
+
+def test_a_rubric_that_leaves_checks_without_a_group_is_refused(tmp_path):
+    """A check lands in part.check.tier, part.check or part: a rubric with none of them for some
+    check would score it 0 without a word, so it is refused, naming what it lacks."""
+    line = next(line for line in DEFAULT_TEXT.splitlines(keepends=True) if line.startswith("  flash_triton.replay:"))
+    path = tmp_path / "my_rubric.yaml"
+    path.write_text(DEFAULT_TEXT.replace(line, ""))
+    with pytest.raises(RubricError, match=r"no group of this rubric holds flash_triton\.replay \(nor its"):
+        Rubric(path)
+    path.write_text(DEFAULT_TEXT.replace(line, "  flash_triton: 1\n"))  # its part holds it: accepted
+    assert Rubric(path).group_of("flash_triton", "replay", "replay") == "flash_triton"
