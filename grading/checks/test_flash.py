@@ -220,8 +220,9 @@ def same_answers(first: dict, second: dict) -> tuple[list, list]:
 
 def no_answer(reply) -> str:
     """What a runner call that answered nothing did, as words that follow "it"."""
-    said = {outcomes.ERROR: "raised ", outcomes.NOT_ATTEMPTED: "was not attempted: "}
-    return said.get(reply.status, "") + reply.message
+    said = {outcomes.ERROR: "raised ", outcomes.NOT_ATTEMPTED: "was not attempted: ", outcomes.CRASH: "crashed: ",
+            outcomes.IMPORT_ERROR: "could not be imported: "}
+    return said.get(reply.status, "") + reply.message  # a timeout's message says "timed out after ..."
 
 
 @pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])
