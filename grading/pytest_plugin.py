@@ -25,7 +25,9 @@ from pathlib import Path
 
 import pytest
 
-GRADER_ROOT = Path(__file__).resolve().parents[1]  # a checkout, or site-packages when installed
+from fa2_sandbox import PROJECT_ROOT
+
+GRADER_ROOT = PROJECT_ROOT  # a checkout, or site-packages when installed
 CHECKS = GRADER_ROOT / "grading" / "checks"
 PACKAGE_SETTINGS = GRADER_ROOT / "grading" / "pytest.ini"
 CHECKOUT_SETTINGS = GRADER_ROOT / "pyproject.toml"

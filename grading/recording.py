@@ -10,10 +10,10 @@ facts as "grading_runner" and, once, the tests they collected as "grading_collec
 """
 import os
 import traceback
-from pathlib import Path
 
 import pytest
 
+from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
 from fa2_sandbox.wire import outcomes
 from grading.check import check_id
 from grading.results import scoring, store
@@ -41,8 +41,8 @@ def submission_of(item):
 
 
 # The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
-GRADER_ROOT = Path(__file__).resolve().parents[1]
-OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in ("grading", "fa2_sandbox", "reference", "reporting")]
+GRADER_ROOT = PROJECT_ROOT
+OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in GRADER_PACKAGES if name != "submissions"]
 
 
 def describe(exc: BaseException) -> str:

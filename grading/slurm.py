@@ -27,9 +27,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.harness.discover import find_submissions
 
-GRADER_ROOT = Path(__file__).resolve().parents[1]
+GRADER_ROOT = PROJECT_ROOT
 
 
 def run_folder(reports: Path) -> Path:

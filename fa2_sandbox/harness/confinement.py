@@ -50,14 +50,13 @@ import tempfile
 import time
 from pathlib import Path
 
+from fa2_sandbox import GRADER_PACKAGES
 from fa2_sandbox.harness import launcher
 from fa2_sandbox.harness.launcher import SYSTEM_BINDS
 from fa2_sandbox.harness.launcher import _is_under as _is_under  # scratch.py's too
 
 LAUNCHER_PY = Path(launcher.__file__).resolve()
 
-# The grader's own top-level packages: what a wheel installs besides its metadata.
-GRADER_PACKAGES = ["reference", "grading", "reporting", "submissions", "fa2_sandbox"]
 UID_BASE, UID_SPAN = 1_900_000_000, 200_000_000  # far above any real account
 
 

@@ -39,10 +39,10 @@ import sys
 import tempfile
 from pathlib import Path
 
+from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.harness import confinement, kernel_cache
 from fa2_sandbox.harness.discover import Submission
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
 COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wandb", "*.pt", "*.ckpt")
 # What the runner imports from the project: copied into its scratch folder, nothing else.
 # The runner side and the wire: exactly the code the runner trusts.

@@ -29,13 +29,14 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 
+from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.runner.errors import describe
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.toy_models import course_layers
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches, training_loss
 
-# The folder holding fa2_sandbox/: the runner's trusted copy, never the project itself.
-TRUSTED_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+# The folder holding fa2_sandbox/: in a runner, its trusted copy, never the project itself.
+TRUSTED_ROOT = str(PROJECT_ROOT)
 COLLECTIVES = ("all_reduce", "all_reduce_coalesced", "reduce", "reduce_scatter", "reduce_scatter_tensor",
                "reduce_scatter_single", "all_gather", "all_gather_into_tensor", "all_gather_single", "broadcast")
 
