@@ -18,7 +18,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from bench.compare_verdicts import differences, verdicts  # noqa: E402
-from tests.self.test_hostile import EXAMPLES, HOSTILE, MEMORY_LIMIT_GB, REFERENCE, SELECT, rubric  # noqa: E402
+from tests.self.fa2_sandbox.test_hostile import EXAMPLES, HOSTILE, MEMORY_LIMIT_GB, REFERENCE, SELECT, rubric  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 SWITCH = {"namespace": "", "userns": "userns"}

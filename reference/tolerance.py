@@ -28,7 +28,7 @@ terms carried to the gradient as the gradient carries dS:
 In bf16 with unit-normal inputs (d = 64, Nq = 1) that slack is 0.03 on average, 0.14 at most,
 where a correct bf16 backward erred by up to 0.02 and failed ATOL (4e-3); in float32 it is 2^16
 times smaller. A wrong gradient still fails there: a backward that recomputes P without the
-causal mask gave dq errors of 37 to 790 on the same inputs (tests/self/test_precision_policy.py).
+causal mask gave dq errors of 37 to 790 on the same inputs (tests/self/reference/test_precision_policy.py).
 
 Every seed: a new reports folder draws a new seed, so the rule must hold for correct code on any.
 Where scores are large (the matrix's bf16 x8 case, a one-hot softmax) the error sits in the few
@@ -37,7 +37,7 @@ seeds 0..199: 0.0015 to 0.063); the reference Triton kernel's stayed below it on
 most 0.78 of it, where the rule allows 3 times it), the worst of all its errors 0.24 of a bound.
 It failed there on the CPU (issue 36: 3 seeds of 200, up to 1.6 times the dq mean bound) only
 because Triton's interpreter truncated float32 -> bf16 conversions, now rounded to nearest even
-as on a GPU (fa2_sandbox/runner/triton_interpreter.py); tests/self/test_every_seed.py.
+as on a GPU (fa2_sandbox/runner/triton_interpreter.py); tests/self/reference/test_every_seed.py.
 
 The fp32 policy for Triton kernels (TF32)
 -----------------------------------------

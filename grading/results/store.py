@@ -34,7 +34,7 @@ temporary file that then replaces it, so a reader never sees half of one):
                              `python -m reporting` run by hand, never both at once; written
                              whole too (reporting/build.py _write).
   .<file>.<pid>.<thread>.tmp the writer of the file it replaces, for an instant (write_json).
-  screenshots/               tests/self/test_report_browser.py, for a person to look at; no
+  screenshots/               tests/self/reporting/test_report_browser.py, for a person to look at; no
                              grading run reads or writes it.
 
 Workers write nothing under reports/. The runner's scratch folders live outside it.

@@ -10,7 +10,7 @@ Read from the source with ast, so an import inside a function counts too."""
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 TOP = ("reference", "fa2_sandbox", "grading", "reporting")
 
 

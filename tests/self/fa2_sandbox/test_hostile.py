@@ -37,7 +37,7 @@ from grading.results import store
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
-RUBRIC = Path(__file__).parent / "fixtures" / "hostile_rubric.yaml"
+RUBRIC = Path(__file__).parents[1] / "fixtures" / "hostile_rubric.yaml"
 ON_GPU = torch.cuda.is_available()
 SELECT = ("(pytorch and (128x128-d64-full or 17x17)) or hygiene or no_library or no_score_matrix"
           " or (triton and (128x128-d64-full or 17x17)) or (budget and pytorch and not reference)")

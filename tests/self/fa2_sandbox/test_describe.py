@@ -14,7 +14,7 @@ import pytest
 
 from fa2_sandbox.runner.errors import describe
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 def raised(make):

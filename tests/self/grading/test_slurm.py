@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 CLASS = [ROOT / "submissions" / "reference", ROOT / "submissions" / "examples" / "no_softmax_scale",
          ROOT / "submissions" / "hostile" / "crash_sysexit_forward"]
 SELECT = ["--seed", "20261123", "-k", "pytorch and (128x128 or hygiene)"]

@@ -17,7 +17,7 @@ from reporting.classstats import case_families, check_families, family_rates
 from reporting.page_model import load_all
 from tests.self.fixtures import make_results
 
-FIXTURES = Path(__file__).parent / "fixtures" / "results"
+FIXTURES = Path(__file__).parents[1] / "fixtures" / "results"
 NAMES = ["alice", "bob", "carol", "dave", "erin"]
 PARTS = ["flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "timing", "memory"]
 PART_COLUMNS = [column for p in PARTS for column in (p, f"{p}_max")]
@@ -416,7 +416,7 @@ def test_cli(tmp_path, capsys):
     assert "5 submission page(s)" in capsys.readouterr().out
     assert main(["--reports", str(tmp_path / "missing")]) == 2
     proc = subprocess.run([sys.executable, "-m", "reporting", "--reports", str(reports)],
-                          capture_output=True, text=True, cwd=Path(__file__).parents[2])
+                          capture_output=True, text=True, cwd=Path(__file__).parents[3])
     assert proc.returncode == 0, proc.stderr
 
 

@@ -39,7 +39,7 @@ import pytest
 from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
-from tests.self.test_hostile import (
+from tests.self.fa2_sandbox.test_hostile import (
     HOSTILE,
     REQUEST,
     TEST_MARK,
@@ -437,7 +437,7 @@ def test_reports_name_the_userns_caveat(tmp_path):
     from reporting import build_reports
 
     reports = tmp_path / "reports"
-    shutil.copytree(Path(__file__).parent / "fixtures" / "results", reports)
+    shutil.copytree(Path(__file__).parents[1] / "fixtures" / "results", reports)
     note = "runner isolated: unprivileged user namespaces (the grader is not root): a root of its own"
     path = reports / "alice" / "results.json"
     data = json.loads(path.read_text())

@@ -8,7 +8,7 @@ import pytest
 
 from grading.rubric import DEFAULT_RUBRIC, PARTS, Rubric, RubricError
 
-PROJECT_ROOT = Path(__file__).resolve().parents[2]
+PROJECT_ROOT = Path(__file__).resolve().parents[3]
 DEFAULT_TEXT = DEFAULT_RUBRIC.read_text()
 
 

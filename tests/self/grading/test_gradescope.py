@@ -23,7 +23,7 @@ from grading.results.record import GRADER_ERROR, CheckRecord, grader_error_diagn
 from grading.rubric import Rubric
 from tests.self.fixtures.make_results import rubric_text
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "self" / "fixtures" / "results"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "results.json").is_file())
 MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)

@@ -13,7 +13,7 @@ from types import SimpleNamespace
 
 from grading.scheduler import GradingScheduling, case_of, later_half, spread_timing
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FLASH = "grading/checks/test_flash.py"
 
 

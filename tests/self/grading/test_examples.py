@@ -41,7 +41,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "submissions" / "examples"
 NAMES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "EXPECTED.yaml").is_file()) if EXAMPLES.is_dir() else []
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp", "timing")

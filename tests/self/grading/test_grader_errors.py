@@ -29,10 +29,9 @@ from grading.results import scoring, store
 from grading.results.record import CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
 from reporting import build_reports
+from tests.self.reporting.test_reports import table_rows
 
-from .test_reports import table_rows
-
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FORWARD = "reference::flash_pytorch::forward[fp32-128x128-d64-full]"
 BACKWARD = "reference::flash_pytorch::backward[fp32-128x128-d64-full]"
 BACKWARD_ID = "grading/checks/test_flash.py::test_backward[reference-pytorch-fp32-128x128-d64-full]"
@@ -434,7 +433,7 @@ def test_progress_counts_each_submission_by_its_exact_name():
     plugin = GradingPlugin.__new__(GradingPlugin)  # its state only, no pytest config
     plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
     ids = [f"{MOD}::test_forward[s1-pytorch-a]@s1", f"{MOD}::test_forward[s10-pytorch-a]@s10",
-           f"{MOD}::test_backward[s10-pytorch-a]@s10", "tests/self/test_oracle.py::test_x",
+           f"{MOD}::test_backward[s10-pytorch-a]@s10", "tests/self/reference/test_oracle.py::test_x",
            f"{MOD}::test_forward[s1-triton-b]@s1/triton-bf16-full-d64"]
     plugin._set_pending(plugin._submission_of_id(i) for i in ids)
     assert plugin.pending == {"s1": 2, "s10": 2}

@@ -29,8 +29,8 @@ import pytest
 import yaml
 
 from fa2_sandbox.harness.client import PROJECT_ROOT
-from tests.self.test_hostile import HOSTILE, REFERENCE, class_seed, isolated, results, session_count
-from tests.self.test_nonroot import NOBODY, as_nobody
+from tests.self.fa2_sandbox.test_hostile import HOSTILE, REFERENCE, class_seed, isolated, results, session_count
+from tests.self.fa2_sandbox.test_nonroot import NOBODY, as_nobody
 
 # Quick ones (2 to 13 s each on 2 CPU cores), each exercising something the two modes do differently.
 SUBSET = [
@@ -49,7 +49,7 @@ NOBODY_GRADER = '''
 import json, os, sys
 from pathlib import Path
 sys.path.insert(0, {project!r})
-from tests.self.test_hostile import grade
+from tests.self.fa2_sandbox.test_hostile import grade
 proc, wall = grade([Path(p) for p in {impls!r}], Path({reports!r}), workers={workers}, timeout={timeout},
                    seed={seed})
 print("RESULT " + json.dumps({{"uid": os.getuid(), "returncode": proc.returncode, "wall": wall,

@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 
 from grading.rubric import Rubric
-from tests.self.test_examples import demo_class_reports
+from tests.self.grading.test_examples import demo_class_reports
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.mark.slow

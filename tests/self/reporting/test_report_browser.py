@@ -25,7 +25,7 @@ from .test_reports import FIXTURES, NAMES, PARTS, fixture_json, table_rows
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
                                 "(apt-get install -y chromium); the browser checks did not run")
-SCREENSHOTS = Path(__file__).parents[2] / "reports" / "screenshots"
+SCREENSHOTS = Path(__file__).parents[3] / "reports" / "screenshots"
 # Flags that keep Chromium from reaching the network or a desktop session.
 QUIET = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
          "--disable-background-networking", "--disable-component-update", "--disable-sync",

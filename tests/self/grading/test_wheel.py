@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 # What a grading run reads besides Python modules, and the reference submission the timing check runs.
 SHIPPED = ["grading/rubric.yaml", "grading/pytest.ini", "reporting/templates/class.html.j2",
            "reporting/templates/sort.js", "reference/oracle.py", "submissions/reference/tests/adapters.py",

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.self.test_hostile import HOSTILE, REFERENCE, class_seed, grade, results
+from tests.self.fa2_sandbox.test_hostile import HOSTILE, REFERENCE, class_seed, grade, results
 
 CLASS = ["reference", "control_buggy", "tamper_replay", "crash_segfault"]
 

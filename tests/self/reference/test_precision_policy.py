@@ -28,7 +28,7 @@ from reference.tolerance import (
     tf32_attention_and_grads,
 )
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 
 # A self-contained submission module: tiled FA2 with TF32-rounded matmuls. SCALE_ERROR and
 # MASK_DIAGONAL plant the bugs. Written into each throwaway submission as cs336_systems/tf32.py.
