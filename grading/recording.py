@@ -98,7 +98,7 @@ class Recording:
             return None
         record = check.record if check is not None else self._stand_in(item, name)
         fault = getattr(item, "grading_fault", None)
-        if report.passed and record.outcome == "error" and not record.diagnosis:
+        if report.passed and record.outcome == outcomes.ERROR and not record.diagnosis:
             record.update(outcome=outcomes.PASSED, output=record.output or "passed")
         elif report.skipped and record.outcome not in (outcomes.SKIPPED, NOT_GRADED_HERE):
             reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
@@ -156,7 +156,7 @@ class Recording:
         record = CheckRecord.from_json(sent_record)
         # A runner that timed out fails every larger case of its group at once (SubmissionRunner.call):
         # a thief's runner would not know, and would wait out the timeout again.
-        if record.outcome == "timeout" and self.scheduler is not None and "@" in report.nodeid:
+        if record.outcome == outcomes.TIMEOUT and self.scheduler is not None and "@" in report.nodeid:
             self.scheduler.keep_whole(report.nodeid.rsplit("@", 1)[1])
         store.write_check(self.state.reports, record)
         self._count_done(record.submission)
