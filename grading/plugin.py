@@ -89,7 +89,7 @@ class GradingPlugin(Recording):
             config.option.dist = "loadgroup"
         # Groups go out in collection order, which puts the longest first (the sort below), not
         # the most tests first, xdist's default since 3.6: that sent a submission's one-test
-        # timing shard (60 s) last, and on an H100 a lone submission ended 40 s later for it.
+        # timing shard, one of its longest, last, and a lone submission ended late for it.
         if hasattr(config.option, "loadscopereorder"):
             config.option.loadscopereorder = False
         if self.is_worker:

@@ -3,12 +3,12 @@
 xdist's loadgroup gives each group (a submission's shard, grading/shards.py) whole to one worker, in
 collection order. On an H100 with 16 workers and a class of 20 real repos, two things went wrong:
 
-- One slow group held up the class. A Triton kernel that autotunes on every shape spent 1371 s in
-  one shard, and a torch.compile'd PyTorch slot up to 82 s per case, each on one worker, while the
-  others sat idle after their last group. Here, once no group is left to hand out, an idle worker
+- One slow group held up the class. A Triton kernel that autotunes on every shape, or a
+  torch.compile'd PyTorch slot, ran for many minutes on one worker while the others sat idle after
+  their last group (issue 32). Here, once no group is left to hand out, an idle worker
   takes the later half of the checks still queued for the group that proves slowest (the mean
   duration of its completed checks times the checks still queued), when that is at least
-  STEAL_MIN_S. The thief starts a runner of its own for the group (about 9 s of a core, plus the
+  STEAL_MIN_S. The thief starts a runner of its own for the group (seconds of a core, plus the
   kernels it compiles): results stay right, since every worker computes the replies it lacks, but
   a group must prove slow before it is split, and what is left must be worth the start.
 - Timing groups (one check each, a few seconds of which hold the GPU alone) went out last, and

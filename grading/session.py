@@ -43,8 +43,8 @@ class Grading:
         # oracles and each runner's matmuls would use every core at once.
         self.threads = max(1, usable_cores() // int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1)))
         torch.set_num_threads(self.threads)
-        # The worker's own CUDA work (oracles, the timing check's SDPA) on its runners' GPU: on two
-        # H200s every worker's went to GPU 0 (22 processes there, 2 on the other, most of a run).
+        # The worker's own CUDA work (oracles, the timing check's SDPA) on its runners' GPU: left to
+        # CUDA's default, every worker's went to GPU 0 of a host of two.
         if os.environ.get("PYTEST_XDIST_WORKER") and (gpu := self.worker_gpu()) is not None:
             torch.cuda.set_device(gpu)
         # A worker's first CUDA work (its context, cuBLAS) takes seconds; started now, it overlaps

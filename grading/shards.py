@@ -2,8 +2,8 @@
 
 Under xdist a submission's tests go to workers by group (`--dist loadgroup`), and each worker
 holds one runner per group. With one group per submission, a submission is graded by one
-process: a correct Triton kernel spent about 10 s compiling and autotuning per case, one case
-after another, and one submission took over 9 minutes on an H100 (notes/grading-speed.md).
+process: a correct Triton kernel compiles and autotunes for every case, one case after another,
+and one submission took many minutes on an H100 (notes/grading-speed.md).
 So a submission's tests are split into shards that share nothing but the student's code:
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
@@ -22,7 +22,7 @@ So a submission's tests are split into shards that share nothing but the student
 A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
 would start a runner per shard only to learn that it is not attempted. Without a GPU, without
 xdist or with one worker there is one shard per submission: there is no compiling to spread,
-and each shard would add a runner start (on a 2-core CPU the reference took 71 s instead of 45).
+and each shard would add a runner start (on a 2-core CPU the reference took half as long again).
 
 A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").

@@ -23,8 +23,8 @@ Conventions shared by all kernels
     L is stored in natural log (L = L2 * ln 2).
   * Accumulation is float32. For float32 inputs every tl.dot uses input_precision="tf32x3"
     (each operand split into a TF32 head and tail, three tensor-core products: errors of
-    plain fp32 on an H100, where "ieee" FMA loops took 2 to 4 times as long to compile, up
-    to 40 s a kernel, and 7x as long to run); for fp16/bf16 inputs P and dS are rounded to the input dtype
+    plain fp32 on an H100, where "ieee" FMA loops took several times as long to compile and to
+    run: notes/triton-performance.md); for fp16/bf16 inputs P and dS are rounded to the input dtype
     before their matmuls, as in FlashAttention.
   * Causal tile skipping: tiles entirely above the diagonal are never visited; tiles
     entirely below it run in an UNMASKED loop; tiles crossing the diagonal (and the
@@ -60,10 +60,10 @@ AUTOTUNE = os.environ.get("FLASH_TRITON_AUTOTUNE", "1") != "0"
 # each of its outputs fully (no accumulation into pre-existing memory), so re-running a
 # kernel for every autotune trial cannot corrupt results: no reset_to_zero is needed.
 #
-# Each autotune compiles every config (16 kernels for forward and backward, 10 to 20 s on an
-# H100), once per key. Lengths up to SHORT_LENGTHS are graded for correctness only, never
-# timed (the timing budget runs N=4096): they share one bucket, and _prune_configs keeps them
-# one config (notes/grading-speed.md).
+# Each autotune compiles every config (16 kernels for forward and backward), once per key.
+# Lengths up to SHORT_LENGTHS are graded for correctness only, never timed (the timing budget
+# runs N=4096): they share one bucket, and _prune_configs keeps them one config
+# (notes/grading-speed.md).
 # --------------------------------------------------------------------------------------
 AUTOTUNE_KEY = ["N_Q_BUCKET", "N_K_BUCKET", "HEAD_DIM", "IS_CAUSAL"]
 SHORT_LENGTHS = 1024
@@ -86,7 +86,7 @@ def _configs(shapes, interpret_shape):
 
 def _prune_configs(configs, named_args, **kwargs):
     """Where speed is never graded, one small config is kept and nothing is benchmarked: each
-    config compiled is 5 to 10 s of a grading run. That is float32 inputs (three tensor-core
+    config compiled is seconds of a grading run. That is float32 inputs (three tensor-core
     dots per tl.dot, see the top: for checking numerics) and lengths up to SHORT_LENGTHS
     (correctness cases; the timing budget runs N=4096)."""
     short = max(named_args["N_Q_BUCKET"], named_args["N_K_BUCKET"]) <= SHORT_LENGTHS

@@ -305,8 +305,8 @@ def rss_bytes(pids: list) -> int:
 
 def zombie(pid: int) -> bool:
     """Dead, waiting only for its parent to read its exit status: the runner itself is one until
-    the harness waits for it, after the kill. (kill_uid took it for alive and tried 20 times,
-    0.7 s of every runner's close.)"""
+    the harness waits for it, after the kill. (kill_uid took it for alive and tried 20 times on
+    every runner's close: notes/grading-speed.md.)"""
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             return f.read().rsplit(b")", 1)[1].split()[0] == b"Z"

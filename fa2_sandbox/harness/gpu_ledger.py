@@ -17,8 +17,8 @@ ranged from 1.4 to 33 ms with the neighbours' kernels. So GPU memory and GPU tim
   only for what cannot be paused (a worker's own oracle: short), for room for its own calls'
   memory (paused runners keep theirs) and for the kernels already in flight (`wait_for_idle_gpu`).
   A reservation spans a whole runner call, compiling and autotuning included, so a window that
-  waited for every holder to finish starved: in a class run 15 windows waited over 50 s behind one
-  student's compile while the GPU sat idle, and 5 to 10 of 44 timing checks ran in 250 s.
+  waited for every holder to finish starved: in a class run windows waited behind one student's
+  compile while the GPU sat idle, and most timing checks never ran (issue 32, notes/grading-speed.md).
 - `alone` takes the GPU when no one holds any of it, for a call that found the device full of
   others' memory: pausing frees no memory, so it waits for the holders to finish.
 - Calls made inside a window or `alone` that this process holds (the timed calls) pass straight in.

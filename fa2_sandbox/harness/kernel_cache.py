@@ -1,7 +1,7 @@
 """A Triton cache that outlives the runner: compiled kernels and autotuning results, per submission.
 
 A runner's Triton cache lives in its scratch folder and goes with it, so every run compiled and
-autotuned every kernel again: about 10 s per attention case for an autotuned kernel on an H100.
+autotuned every kernel again, for every attention case of an autotuned kernel (notes/grading-speed.md).
 This keeps a copy per (submission, shard) under the grader's cache folder (GRADER_CACHE_DIR,
 else $XDG_CACHE_HOME/fa2-grader, else ~/.cache/fa2-grader), brought into the scratch folder
 when the runner's folder is made and taken back when it is removed. With

@@ -1,10 +1,10 @@
 """One isolation probe per grading run, not one per pytest-xdist worker.
 
-confinement.isolation() starts a confined interpreter that imports torch and touches the GPU: 10 s on
-an H100 host (notes/grading-speed.md), paid by every worker before its first runner starts, so
-10 s on the critical path of every run, with 16 probes competing for the cores. Instead the
-controller probes once, in a thread, while its workers start and collect (about 10 s there too),
-and writes what it found to a file each worker reads before its first runner.
+confinement.isolation() starts a confined interpreter that imports torch and touches the GPU:
+seconds (notes/grading-speed.md), paid by every worker before its first runner starts, so on the
+critical path of every run, with a probe per worker competing for the cores. Instead the
+controller probes once, in a thread, while its workers start and collect, and writes what it
+found to a file each worker reads before its first runner.
 
 A worker takes the controller's answer only for the same question: the same host, user,
 GRADER_SANDBOX, scratch parent and memory limit (confinement.isolation's key). Otherwise, or if the controller's probe

@@ -61,8 +61,8 @@ class _FunctionWatch(TorchFunctionMode):
 
 class _DispatchWatch(TorchDispatchMode):
     # Leave __torch_dispatch__ unwrapped: torch wraps a mode's __torch_dispatch__ in
-    # torch._disable_dynamo, whose first call imports torch._dynamo, 3.8 s of CPU on the first
-    # call of every runner (2-core CPU, torch 2.13; about 3.5 s on the H100 host).
+    # torch._disable_dynamo, whose first call imports torch._dynamo: seconds of CPU on the first
+    # call of every runner (notes/grading-speed.md).
     @classmethod
     def _should_skip_dynamo(cls) -> bool:
         return False

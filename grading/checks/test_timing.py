@@ -5,10 +5,10 @@ runner's 'timed' and 'saving' messages, over inputs rotated through fresh seeds,
 outputs of the last timed call so that a cached answer fails.
 
 Both sides first compile and autotune at once (one call each, not measured): one after the
-other this was the longest test of a submission on an H100 (71 s cold). The measured calls, and
+other this was the longest test of a submission (notes/grading-speed.md). The measured calls, and
 SDPA's beside them, then run in a window of the GPU's time (gpu_ledger.py): the other runners on
-the GPU are paused, and their kernels already in flight finish first. In a class run on an H100
-without it, SDPA's own time for this case ranged from 1.4 to 33 ms with the neighbours' kernels.
+the GPU are paused, and their kernels already in flight finish first. In a class run without
+it, SDPA's own time for this case varied many times over with the neighbours' kernels.
 The two sides still take turns, call by call, so what drift is left weighs on both alike.
 """
 import time
@@ -42,8 +42,8 @@ def reference_runner(grading) -> SubmissionRunner:
     the grading plugin gives the student's runner (Grading.worker_env): the same GPU, so the
     ratio compares two kernels on one device, and the same thread budget. One per worker, kept
     from one timing check to the next (Grading.keep): the reference is the grader's own code, so
-    no student's state can reach it, and a start of its own for each of a class's 40 timing
-    checks cost 9 s of a core each and its kernels' compiling."""
+    no student's state can reach it, and a start of its own for each of a class's timing checks
+    cost a runner start and its kernels' compiling every time."""
     def start():
         reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
         return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
