@@ -41,8 +41,7 @@ def submission_of(item):
 
 
 # The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
-GRADER_ROOT = PROJECT_ROOT
-OWN_PACKAGES = [str(GRADER_ROOT / name) + os.sep for name in GRADER_PACKAGES if name != "submissions"]
+OWN_PACKAGES = [str(PROJECT_ROOT / name) + os.sep for name in GRADER_PACKAGES if name != "submissions"]
 
 
 def describe(exc: BaseException) -> str:
@@ -54,7 +53,7 @@ def describe(exc: BaseException) -> str:
     ours = [f for f in frames if f.filename.startswith(tuple(OWN_PACKAGES))]
     frame = (ours or frames or [None])[-1]
     if frame is not None:
-        where = os.path.relpath(frame.filename, GRADER_ROOT) if frame in ours else frame.filename
+        where = os.path.relpath(frame.filename, PROJECT_ROOT) if frame in ours else frame.filename
         text += f" at {where}:{frame.lineno}"
     return text
 

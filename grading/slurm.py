@@ -30,13 +30,11 @@ from pathlib import Path
 from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.harness.discover import find_submissions
 
-GRADER_ROOT = PROJECT_ROOT
-
 
 def run_folder(reports: Path) -> Path:
     """Where a job's commands run: the grader's checkout, or, installed without one, the reports
     folder (the installed plugin collects its own checks from any folder)."""
-    return GRADER_ROOT if (GRADER_ROOT / "pyproject.toml").is_file() else reports
+    return PROJECT_ROOT if (PROJECT_ROOT / "pyproject.toml").is_file() else reports
 PYTEST_STATUS_OK = (0, 1)  # 1: some checks failed, which is a grading result, not a failed task
 
 

@@ -176,3 +176,19 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
         check.fail(f"the backward raised {backward_error['message']}", backward_error.get("traceback", ""),
                    outcome=outcomes.ERROR)
     return reply, tensors
+
+
+def what_failed(reply) -> str:
+    """What went wrong in a flash call that measured nothing, as words that can follow "in float32 "
+    (the memory check) or stand in parentheses (the replay check)."""
+    if reply.ok:  # the forward ran; the backward raised
+        return f"the backward raised {reply.result['backward_error']['message']}"
+    if reply.status == outcomes.ERROR:
+        return f"the forward raised {reply.message}"
+    if reply.status == outcomes.TIMEOUT:
+        return f"the call {reply.message}"  # "timed out after 300 s in forward (N=...)"
+    if reply.status == outcomes.CRASH:
+        return f"the runner crashed: {reply.message}"
+    if reply.status == outcomes.NOT_ATTEMPTED:
+        return f"not attempted: {reply.message}"
+    return reply.message  # the adapters did not import: their own sentence

@@ -20,6 +20,7 @@ from grading.checks.flash_checks import (
     oracle_bytes,
     run_case,
     settle,
+    what_failed,
 )
 from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
@@ -218,13 +219,6 @@ def same_answers(first: dict, second: dict) -> tuple[list, list]:
     return compared, same
 
 
-def no_answer(reply) -> str:
-    """What a runner call that answered nothing did, as words that follow "it"."""
-    said = {outcomes.ERROR: "raised ", outcomes.NOT_ATTEMPTED: "was not attempted: ", outcomes.CRASH: "crashed: ",
-            outcomes.IMPORT_ERROR: "could not be imported: "}
-    return said.get(reply.status, "") + reply.message  # a timeout's message says "timed out after ..."
-
-
 @pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])
 def test_replay(grading, submission, check, slot, tier, case):
     """A second, unseen input of a case, asked right after the case in the same runner, gets an
@@ -241,12 +235,12 @@ def test_replay(grading, submission, check, slot, tier, case):
                        f"replay; {first} and the slot's other checks charge it.")
     reply, tensors = run_case(grading, submission, slot, case)
     if not reply.ok:
-        c.not_measured(f"the first input of this case got no answer (it {no_answer(reply)}), so there is nothing a "
+        c.not_measured(f"the first input of this case got no answer ({what_failed(reply)}), so there is nothing a "
                        f"second input could repeat; {first} charges the failure.")
     again, again_tensors = run_case(grading, submission, slot, case, second=True)
     if not again.ok:
-        c.not_measured(f"a second, unseen input of this case, asked right after the first, got no answer (it "
-                       f"{no_answer(again)}), so there is no second answer to compare with the first.")
+        c.not_measured(f"a second, unseen input of this case, asked right after the first, got no answer "
+                       f"({what_failed(again)}), so there is no second answer to compare with the first.")
     compared, same = same_answers(tensors, again_tensors)
     if same:
         c.fail(f"returned the same {', '.join(same)} for a different input: a second, unseen input of this case, "

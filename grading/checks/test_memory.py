@@ -16,7 +16,7 @@ import pytest
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
-from grading.checks.flash_checks import run_case
+from grading.checks.flash_checks import run_case, what_failed
 from grading.matrix import MEMORY_CASE, slot_device
 
 # On a GPU one N x N fp32 matrix is 1 GiB at N=16384. The PyTorch slot is measured on the CPU,
@@ -95,19 +95,6 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
 def measured(reply, phase) -> bool:
     """Whether `phase` ran, so that its memory was measured."""
     return reply.ok and phase in reply.result
-
-
-def what_failed(reply) -> str:
-    """What went wrong in a call that measured nothing, as words that follow "in float32 "."""
-    if reply.ok:  # the forward ran; the backward raised
-        return f"the backward raised {reply.result['backward_error']['message']}"
-    if reply.status == "error":
-        return f"the forward raised {reply.message}"
-    if reply.status == "timeout":
-        return f"the call {reply.message}"  # "timed out after 300 s in forward (N=...)"
-    if reply.status == "crash":
-        return f"the runner crashed: {reply.message}"
-    return reply.message
 
 
 def traceback_of(reply) -> str:
