@@ -2,8 +2,8 @@
 
     python bench/calibrate_budgets.py [--runs 20]
 
-For each slot it measures, with the suite's own `medians_ms` (the runner call timed from the
-outside, inputs rotated through fresh seeds), the ratio student / reference for
+For each slot it measures, with the suite's own runner operations (each pass timed from the
+outside on inputs of its own, grading/checks/timed_window.py), the ratio student / reference for
   - the reference against a second runner of itself: a budget must never fail it;
   - submissions/slow/tiles16 (correct, 16x16 tiles): a budget must fail it every time,
 and prints the spread and, for candidate budgets, how many of the runs each would fail.
@@ -19,8 +19,17 @@ sys.path.insert(0, str(ROOT))
 from fa2_sandbox.harness.client import SubmissionRunner  # noqa: E402
 from fa2_sandbox.harness.discover import load_submission  # noqa: E402
 from fa2_sandbox.wire.cases import FlashCase  # noqa: E402
-from grading.checks.flash_checks import medians_ms  # noqa: E402
+from grading.checks import timed_window as tw  # noqa: E402
 from grading.rubric import Rubric  # noqa: E402
+
+
+def median_ms(runner, request, seed, passes) -> float:
+    """The median of `passes` timed passes of one runner, alone on the GPU."""
+    runner.call({**request, "op": "prepare_timing", "seeds": tw.timed_seeds(seed, passes)}, 600)
+    reply = runner.call({**request, "op": "time_passes", "passes": passes}, 600)
+    if not reply.ok:
+        raise SystemExit(f"{runner.submission.name} failed: {reply.status} {reply.message}")
+    return tw.median(tw.pass_times_ms(reply.phases))
 
 
 def main():
@@ -38,16 +47,13 @@ def main():
                    for name, path in (("reference", "reference"), ("reference-again", "reference"),
                                       ("tiles16", "slow/tiles16"))}
         ratios = {"reference": [], "tiles16": []}
+        request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
         try:
+            for runner in runners.values():
+                runner.call({**request, "op": "warm_timing", "seed": 99}, 600)
             for run in range(args.runs):
-                request = {"op": "time_flash", "slot": slot, "case": case.to_json(), "seed": 100 + run,
-                           "device": "cuda"}
-                times = {}
-                for name, (ms, reply) in zip(runners, medians_ms(list(runners.values()), request, 600, budget)):
-                    if ms is None:
-                        why = f"failed: {reply.status} {reply.message}" if reply else "not timed"
-                        raise SystemExit(f"{name} {why}")
-                    times[name] = ms
+                times = {name: median_ms(runner, request, 100 + 100 * run, tw.MAX_PASSES)
+                         for name, runner in runners.items()}
                 ratios["reference"].append(times["reference-again"] / times["reference"])
                 ratios["tiles16"].append(times["tiles16"] / times["reference"])
                 print(f"{slot} run {run + 1:2d}: reference {times['reference']:.3f} ms, again "

@@ -85,10 +85,12 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
         except subprocess.TimeoutExpired:
             status, stopped = None, True
     wall = time.monotonic() - start
-    phases = [line.strip() for line in (out / "pytest.log").read_text(errors="replace").splitlines()
-              if line.strip().startswith("wall clock")]  # the grader's own split (grading/durations.py)
+    log = [line.strip() for line in (out / "pytest.log").read_text(errors="replace").splitlines()]
+    phases = [line for line in log if line.startswith("wall clock")]  # the grader's own split (grading/durations.py)
+    windows = [line for line in log if line.startswith("timing windows:")]
     return {"command": " ".join(command[1:]), "wall_s": round(wall, 1), "status": status, "stopped": stopped,
             "started": time.time() - wall, "phases": phases[-1] if phases else None,
+            "windows_line": windows[-1] if windows else None,
             **breakdown(reports, time.time() - wall, workers == "0"),
             "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json"),
             "utilization": use.summary()}
@@ -233,6 +235,8 @@ def main() -> int:
         if name == "corpus":
             p.add_argument("--repos", nargs="+", default=["*"],
                            help="folders of corpus/ to grade, as globs (default: all); a fixed part of the class")
+            p.add_argument("--also", nargs="*", default=[],
+                           help="submissions graded in the same class, e.g. a bundled example (paths)")
     sub.add_parser("startup").add_argument("--out", type=Path, required=True)
     table = sub.add_parser("table")
     table.add_argument("runs", type=Path, nargs="+")
@@ -262,7 +266,7 @@ def main() -> int:
         result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env)
         result["scenario"] = f"class -n {args.workers}"
     else:  # the corpus (bench/grade_corpus.py prepares it): real student repos, the throughput benchmark
-        impls = [str(ROOT / "corpus" / repos) for repos in args.repos]
+        impls = [str(ROOT / "corpus" / repos) for repos in args.repos] + [str(Path(p).resolve()) for p in args.also]
         result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env, args.select)
         result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}" + (f" -k {args.select}"
                                                                                       if args.select else "")
@@ -375,6 +379,14 @@ def print_phases(r: dict) -> None:
                                                                         for n, t in finished))
         last, before, median = times[-1], times[-2], times[len(times) // 2]
         print(f"  the last {last - before:.0f} s after the one before it, {last - median:.0f} s after the median")
+    if r.get("windows_line"):
+        print(f"{r['scenario']}: {r['windows_line']}")
+    use = r.get("utilization") or {}
+    if "both_idle" in use and r.get("last_record_s") is not None:  # while checks remained
+        gaps = [gap for gap in use["both_idle"] if gap[0] < r["last_record_s"]]
+        longest = max((gap[1] for gap in gaps), default=0.0)
+        print(f"{r['scenario']}: CPU and GPU both idle while checks remained: longest {longest:.0f} s"
+              + (" (" + ", ".join(f"{s:.0f} s at {t:.0f} s" for t, s in gaps) + ")" if gaps else ""))
     windows = r.get("windows") or {}
     if windows:
         waits = sorted(w.get("waited_s", 0) + w.get("in_flight_s", 0) for w in windows.values())
@@ -384,7 +396,7 @@ def print_phases(r: dict) -> None:
               + " ".join(f"{w:.1f}" for w in waits))
         for name, w in sorted(windows.items()):
             print(f"    {name}: waited {w.get('waited_s')} s, in flight {w.get('in_flight_s')} s, "
-                  f"paused {w.get('paused')}, measured {w.get('measured_s')} s")
+                  f"paused {w.get('paused')} runners for {w.get('held_s')} s, measured {w.get('measured_s')} s")
 
 
 def print_timing(results: list) -> None:

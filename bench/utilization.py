@@ -1,16 +1,17 @@
-"""How busy the machine's CPUs and GPUs were during a run, sampled every few seconds.
+"""How busy the machine's CPUs and GPUs were during a run, sampled every second.
 
     with Utilization() as use:
         run_the_grader()
     use.summary()  # {"seconds": 446.7, "cpus": 32, "cpu_busy": 0.93, "gpu_busy_s": [147.0, 0.0],
-                   #  "gpu_memory_max_gib": [61.2, 3.1]}
+                   #  "gpu_memory_max_gib": [61.2, 3.1], "both_idle": [[120.0, 4.0]]}
 
 CPU: the share of all cores' time not idle, from /proc/stat's first line between the first and
 the last sample (Linux only; None elsewhere). GPU: nvidia-smi's utilization.gpu (the share of its
 last sample period in which a kernel ran) integrated over the samples, per GPU, in seconds, and
 the most memory.used any sample saw (every process's, the grader's own included); [] without
-nvidia-smi. A grading run that keeps the CPUs busy and a GPU busy a third of the time is
-CPU-bound: a second GPU cannot speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
+nvidia-smi. "both_idle": the stretches in which neither the CPUs nor any GPU worked. A grading
+run that keeps the CPUs busy and a GPU busy a third of the time is CPU-bound: a second GPU cannot
+speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
 """
 import os
 import shutil
@@ -43,8 +44,12 @@ def gpu_utilization():
         return []
 
 
+CPU_IDLE = 0.10  # a sample period in which less than this share of the cores was busy
+IDLE_GAP_S = 2.0  # both-idle stretches shorter than this are not listed
+
+
 class Utilization:
-    def __init__(self, period: float = 5.0):
+    def __init__(self, period: float = 1.0):
         self.period = period
         self.samples = []  # (monotonic time, cpu_times(), gpu_utilization())
         self._stop = threading.Event()
@@ -79,4 +84,22 @@ class Utilization:
                 busy[i] += (u0[i][0] + u1[i][0]) / 200 * (t1 - t0)
         memory = [max(s[2][i][1] for s in self.samples) / 1024 for i in range(gpus)]
         return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
-                "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory]}
+                "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory],
+                "both_idle": self.both_idle()}
+
+    def both_idle(self) -> list:
+        """[start, seconds] of every stretch of at least IDLE_GAP_S, from the first sample, in
+        which the CPUs were idle (under CPU_IDLE of the cores busy) and no GPU ran a kernel."""
+        gaps, start = [], None
+        t0 = self.samples[0][0]
+        for (_, c0, _), (t1, c1, u1) in zip(self.samples, self.samples[1:]):
+            cpu_idle = bool(c0 and c1 and c1[1] > c0[1] and (c1[0] - c0[0]) / (c1[1] - c0[1]) < CPU_IDLE)
+            idle = cpu_idle and all(gpu[0] == 0 for gpu in u1)
+            if idle and start is None:
+                start = t1 - t0 - self.period
+            elif not idle and start is not None:
+                gaps.append([round(start, 1), round(t1 - t0 - self.period - start, 1)])
+                start = None
+        if start is not None:
+            gaps.append([round(start, 1), round(self.samples[-1][0] - t0 - start, 1)])
+        return [gap for gap in gaps if gap[1] >= IDLE_GAP_S]

@@ -24,6 +24,7 @@ class Durations:
         self._setup = defaultdict(float)  # nodeid -> setup seconds, until its record names the kind
         # Wall-clock marks (time.monotonic) in the controller: the phases of the whole run.
         self.marks = {"started": time.monotonic()}
+        self.windows = []  # how long each timing window paused the other runners (test_timing.py)
 
     def mark(self, name: str) -> None:
         self.marks[name] = time.monotonic()
@@ -34,6 +35,9 @@ class Durations:
         self.marks["last result"] = now
         self.by_submission[submission] += seconds
         if record is not None:
+            held = ((record.get("timing") or {}).get("window") or {}).get("held_s")
+            if held is not None:
+                self.windows.append(held)
             kind = self._kind_of_test[nodeid] = kind_of(record)
             self.count[kind] += 1
             self.by_kind[kind] += seconds + self._setup.pop(nodeid, 0.0)
@@ -71,4 +75,11 @@ class Durations:
         ranked = sorted(self.by_submission.items(), key=lambda kv: -kv[1])
         lines.append(f"time by submission (the {min(top, len(ranked))} slowest of {len(ranked)}):")
         lines += [f"  {seconds:8.1f} s  {name}" for name, seconds in ranked[:top]]
+        if self.windows:
+            lines.append(self.timing_windows())
         return lines + [self.wall_clock()]
+
+    def timing_windows(self) -> str:
+        """'timing windows: 40, the longest paused the other runners 2.1 s, all together 61.0 s'."""
+        return (f"timing windows: {len(self.windows)}, the longest paused the other runners {max(self.windows):.1f} s, "
+                f"all together {sum(self.windows):.1f} s")

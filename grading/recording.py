@@ -156,7 +156,7 @@ class Recording:
         # A runner that timed out fails every larger case of its group at once (SubmissionRunner.call):
         # a thief's runner would not know, and would wait out the timeout again.
         if record.outcome == outcomes.TIMEOUT and self.scheduler is not None and "@" in report.nodeid:
-            self.scheduler.keep_whole(report.nodeid.rsplit("@", 1)[1])
+            self.scheduler.timed_out(report.nodeid.rsplit("@", 1)[1], report.nodeid)
         store.write_check(self.state.reports, record)
         self._count_done(record.submission)
 

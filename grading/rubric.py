@@ -101,8 +101,6 @@ class Budget(Strict):  # as grading/checks/test_timing.py reads it
     dtype: Annotated[str, _one_of(DTYPES)]
     causal: bool
     batch: Count
-    iters: Count
-    repeats: Count
 
 
 class Budgets(Strict):

@@ -21,6 +21,7 @@ and holds the next one back until it has another or a shutdown. So a worker is i
 and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
 never given a test holds none back: it waits, free, for a group to prove slow.
 """
+import re
 from collections import Counter
 from typing import NamedTuple
 
@@ -67,7 +68,7 @@ class GradingScheduling(LoadGroupScheduling):
         # Read here, not as defaults: a test session's plugin may change them.
         self.timing_per_gpu = TIMING_PER_GPU if timing_per_gpu is None else timing_per_gpu
         self.steal_min_s = STEAL_MIN_S if steal_min_s is None else steal_min_s
-        self.whole = set()  # groups never to split (keep_whole)
+        self.smaller_than = {}  # group -> only cases smaller than this may be shared (timed_out)
         self.completed = {}  # group -> [seconds, count] of its completed tests
         self.parts = Counter()  # group -> parts made by steals
         self.request = None  # the steal in flight, a Request
@@ -75,10 +76,12 @@ class GradingScheduling(LoadGroupScheduling):
         self.on_steal = on_steal  # called with each Steal as it happens (the plugin prints it)
         self.position = {}  # nodeid -> its index in the collection (every worker's, checked identical)
 
-    def keep_whole(self, group: str) -> None:
-        """Never split `group` again: after a timeout its runner fails every larger case at once,
-        which a thief's fresh runner would not know, and it would wait out the timeout again."""
-        self.whole.add(group)
+    def timed_out(self, group: str, nodeid: str) -> None:
+        """A check of `group` timed out: its runner now fails every case at least as large at once
+        (SubmissionRunner.call), which a thief's fresh runner would not know, and would wait out
+        the timeout again. So from now on only the group's smaller cases may be shared."""
+        size = case_size(nodeid)
+        self.smaller_than[group] = min(size, self.smaller_than.get(group, size)) if size else 0
 
     @property
     def tests_finished(self) -> bool:
@@ -185,10 +188,12 @@ class GradingScheduling(LoadGroupScheduling):
             queued = pending[RUNNING:]
             for key in dict.fromkeys(key for key, _ in queued):
                 group = key[0]
-                if group in self.whole or group not in self.completed:  # only a completed check proves anything
+                if group not in self.completed:  # only a completed check proves anything
                     continue
                 seconds, count = self.completed[group]
-                mine = [nodeid for k, nodeid in queued if k == key]
+                limit = self.smaller_than.get(group)
+                mine = [nodeid for k, nodeid in queued if k == key
+                        and (limit is None or (case_size(nodeid) or limit) < limit)]
                 left = len(mine) * seconds / count
                 if left < self.steal_min_s or (best[0] is not None and left <= best[3]):
                     continue
@@ -253,6 +258,12 @@ def case_of(nodeid: str) -> str:
     params = test[test.index("[") + 1:test.rindex("]")]
     case = f"-{params}-".replace(f"-{shards.submission_of_group(group)}-", "-", 1).strip("-")
     return case or nodeid
+
+
+def case_size(nodeid: str) -> int | None:
+    """N_q x N_k x d of a flash check's case, from its id ("...-113x203-d64-causal..."), or None."""
+    found = re.search(r"(?:^|-)(\d+)x(\d+)-d(\d+)(?:-|$)", case_of(nodeid))
+    return int(found[1]) * int(found[2]) * int(found[3]) if found else None
 
 
 def is_timing(group: str) -> bool:

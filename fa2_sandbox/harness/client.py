@@ -46,6 +46,8 @@ from fa2_sandbox.wire.cases import FlashCase
 from fa2_sandbox.wire.channel import Channel, ChannelClosed, ReceiveTimeout
 
 LOG_TAIL_BYTES = 8192
+# The runner operations that run a flash case on the GPU, and so reserve its memory there.
+GPU_OPS = ("flash", "warm_timing", "prepare_timing", "time_passes")
 MAX_PHASES = 64
 
 
@@ -258,8 +260,9 @@ class SubmissionRunner:
                     continue
                 if self.watchdog.killed_for:  # the watchdog killed it just now
                     return self._died(phase, what)
-                self.stop()
-                return Reply(outcomes.TIMEOUT, f"timed out after {timeout:g} s in {phase}{suffix}")
+                self.stop()  # the phases so far say how far it got (a timing budget's passes)
+                return Reply(outcomes.TIMEOUT, f"timed out after {timeout:g} s in {phase}{suffix}",
+                             phases=dict(self.phases))
             except ChannelClosed:
                 return self._died(phase, what)
             except ValueError as exc:  # not JSON, or a line too long
@@ -309,7 +312,7 @@ class SubmissionRunner:
     def gpu_budget(self, request: dict, dense_backward: bool | None = None):
         """The GPU memory a request may use (FlashCase.gpu_budget_bytes), or None off the GPU;
         `dense_backward=False`: without room for N x N scores, what a tiled class needs."""
-        if request.get("device") != "cuda" or request.get("op") not in ("flash", "time_flash"):
+        if request.get("device") != "cuda" or request.get("op") not in GPU_OPS:
             return None
         dense = self.dense_backward if dense_backward is None else dense_backward
         return FlashCase.from_json(request["case"]).gpu_budget_bytes(dense)

@@ -227,7 +227,8 @@ class GpuLedger:
     @contextlib.contextmanager
     def window(self, nbytes: int, what: str = "", say=None):
         """The GPU's time for the block, the other runners on it paused; `nbytes` of memory for the
-        block's calls. Yields {"waited_s": seconds waited for it, "paused": reservations paused}.
+        block's calls. Yields {"waited_s": seconds waited for it, "paused": reservations paused}, and
+        adds "held_s" (seconds from its start to its release) when the block ends.
         Run `wait_for_idle_gpu` first inside: a paused process's kernels already queued still run."""
         with self._exclusive(nbytes, WINDOW, what, say) as held:
             yield held
@@ -252,6 +253,7 @@ class GpuLedger:
             with self._lock:
                 self._own_windows += 1
             held["paused"] = len(self.holders().get(token, {}).get("paused") or [])
+        admitted = time.monotonic()
         try:
             yield held
         finally:
@@ -259,6 +261,7 @@ class GpuLedger:
                 self._own_windows -= 1
             if token is not None:
                 self._release(token)
+            held["held_s"] = time.monotonic() - admitted  # how long the others stood paused
 
 
 def _pause(state: dict, token: str) -> None:

@@ -1,6 +1,5 @@
 """What the FlashAttention checks share: the runner call for one case, the float64 oracles, the
-timing of a runner call (also bench/calibrate_budgets.py's), and how a call that went wrong ends
-a check.
+baseline's L in the dtype a submission stored it in, and how a call that went wrong ends a check.
 
 test_flash.py, test_memory.py and test_timing.py import from here; no check imports another
 check module.
@@ -81,20 +80,11 @@ def run_case(grading, submission, slot, case, warmup=False, device=None, second=
     return answer
 
 
-def medians_ms(runners, request, timeout, budget):
-    """For each runner, (median over `repeats` calls of the time per forward+backward, timed from
-    outside, and its last reply). The runners take turns call by call, so a GPU that other
-    workers load unevenly over the minutes loads each side alike. After a failed call nothing
-    more is timed: that runner gets (None, the failed reply), those not yet timed (None, None)."""
-    times, replies = [[] for _ in runners], [None] * len(runners)
-    for r in range(budget["repeats"]):
-        seeds = [request["seed"] + 1000 * r + i for i in range(budget["iters"])]
-        for i, runner in enumerate(runners):
-            replies[i] = runner.call({**request, "seeds": seeds}, timeout)
-            if not replies[i].ok:
-                return [(None, reply if j <= i else None) for j, reply in enumerate(replies)]
-            times[i].append((replies[i].phases["saving"] - replies[i].phases["timed"]) * 1000 / budget["iters"])
-    return [(sorted(t)[len(t) // 2], reply) for t, reply in zip(times, replies)]
+def stored_as(baseline: dict, got: dict) -> dict:
+    """The baseline with its L rounded to the dtype the submission stored L in (bf16, say)."""
+    if "L" in got and got["L"].dtype.is_floating_point and got["L"].dtype != baseline["L"].dtype:
+        return {**baseline, "L": baseline["L"].to(got["L"].dtype)}
+    return baseline
 
 
 # -- refusing a head dim the handout does not promise -------------------------------------------

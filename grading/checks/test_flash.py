@@ -20,6 +20,7 @@ from grading.checks.flash_checks import (
     oracle_bytes,
     run_case,
     settle,
+    stored_as,
     what_failed,
 )
 from grading.diagnoses import flash as diagnose
@@ -46,13 +47,6 @@ def shard(params: dict, per_kernel: bool) -> str:
     or for the Triton slot the kernel its case compiles."""
     slot, case = params.get("slot", "pytorch"), params.get("case")
     return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else slot
-
-
-def stored_as(baseline: dict, got: dict) -> dict:
-    """The baseline with its L rounded to the dtype the submission stored L in (bf16, say)."""
-    if "L" in got and got["L"].dtype.is_floating_point and got["L"].dtype != baseline["L"].dtype:
-        return {**baseline, "L": baseline["L"].to(got["L"].dtype)}
-    return baseline
 
 
 def judge(check, grading, slot, tier, case, tensors, names):

@@ -21,3 +21,16 @@ def test_a_real_run_samples_at_its_start_and_end():
     summary = use.summary()
     if cpu_times() is not None:  # Linux
         assert summary["cpu_busy"] is None or 0.0 <= summary["cpu_busy"] <= 1.0
+
+
+def test_stretches_with_idle_cpus_and_no_kernel_running_are_listed():
+    use = Utilization(period=1.0)
+    busy, idle = 900, 10  # jiffies of 1000 per second
+    cpu = [busy, busy, idle, idle, idle, idle, busy, idle, busy]  # each second's busy jiffies
+    gpu = [50, 0, 0, 0, 0, 0, 0, 0, 0]  # each second's utilization, in percent
+    t, jiffies = 0, 0
+    use.samples = [(0.0, (0, 0), [(0.0, 0.0)])]
+    for c, g in zip(cpu, gpu):
+        t, jiffies = t + 1, jiffies + c
+        use.samples.append((float(t), (jiffies, t * 1000), [(float(g), 0.0)]))
+    assert use.both_idle() == [[2.0, 4.0]]  # seconds 3 to 6; second 8 alone is under IDLE_GAP_S

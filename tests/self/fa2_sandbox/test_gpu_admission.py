@@ -108,8 +108,8 @@ def test_only_flash_calls_on_cuda_have_a_budget_and_only_a_students_has_room_for
     student = SimpleNamespace(dense_backward=True)
     reference = SimpleNamespace(dense_backward=False)
     case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096).to_json()
-    assert SubmissionRunner.gpu_budget(student, {"op": "time_flash", "device": "cuda", "case": case}) == 19 << 30
-    assert SubmissionRunner.gpu_budget(reference, {"op": "time_flash", "device": "cuda", "case": case}) == 3 << 30
+    assert SubmissionRunner.gpu_budget(student, {"op": "warm_timing", "device": "cuda", "case": case}) == 19 << 30
+    assert SubmissionRunner.gpu_budget(reference, {"op": "warm_timing", "device": "cuda", "case": case}) == 3 << 30
     assert SubmissionRunner.gpu_budget(student, {"op": "flash", "device": "cpu", "case": case}) is None
     assert SubmissionRunner.gpu_budget(student, {"op": "distributed", "device": "cuda"}) is None
 

@@ -26,3 +26,12 @@ def test_the_wall_clock_is_split_at_the_marks_that_were_set():
     assert line.split(": ", 1)[1] == ("12 s until the first result, 373 s of checks, 55 s until scoring began, "
                                       "5 s scoring and writing reports")
     assert Durations().wall_clock().startswith("wall clock 0 s")
+
+
+def test_the_timing_windows_are_summed_and_the_longest_named():
+    durations = Durations()
+    for nodeid, held in (("t[a]", 1.25), ("t[b]", 2.5)):
+        durations.add("alice", nodeid, 9.0, {"part": "timing", "check": "flash_triton", "tier": "timing",
+                                             "timing": {"window": {"held_s": held}}})
+    durations.add("alice", "t[c]", 1.0, {"part": "timing", "check": "flash_pytorch", "tier": "timing"})  # not measured
+    assert "timing windows: 2, the longest paused the other runners 2.5 s, all together 3.8 s" in durations.lines()

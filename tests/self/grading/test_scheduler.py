@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from grading.scheduler import GradingScheduling, case_of, later_half, spread_timing
+from grading.scheduler import GradingScheduling, case_of, case_size, later_half, spread_timing
 
 ROOT = Path(__file__).resolve().parents[3]
 FLASH = "grading/checks/test_flash.py"
@@ -251,9 +251,25 @@ def test_no_steal_before_a_check_of_the_group_has_completed():
     ran_once(scheduler, nodes)
 
 
-def test_no_steal_from_a_group_kept_whole():
+def test_after_a_timeout_only_the_groups_smaller_cases_are_shared():
+    # A group of cases in no order of size; its 1024-long case timed out: the victim's runner fails
+    # every case at least that large at once, so only the smaller ones are worth a thief's runner.
+    sizes = [17, 1024, 2048, 33, 4096, 65, 129, 257]
+    cases = [f"bf16-{n}x{n}-d64-causal" for n in sizes]
+    collection = [nodeid_of("test_forward", case, SLOW) for case in cases] + \
+        [nodeid_of("test_forward", f"case{k}", "pytorch", "bob") for k in range(6)]
+    scheduler, nodes, sent = start(collection, 2)
+    scheduler.timed_out(f"alice/{SLOW}", nodeid_of("test_forward", cases[1], SLOW))
+    assert scheduler.smaller_than == {f"alice/{SLOW}": 1024 * 1024 * 64}
+    run(scheduler, nodes, lambda nodeid: 40.0 if SLOW in nodeid else 10.0)
+    stolen = [scheduler.collection[i] for i in nodes[1].ran if SLOW in scheduler.collection[i]]
+    assert stolen and all(case_size(nodeid) < 1024 * 1024 * 64 for nodeid in stolen)
+    ran_once(scheduler, nodes)
+
+
+def test_a_timeout_of_a_check_without_a_size_keeps_its_group_whole():
     scheduler, nodes, sent = start(slow_and_quick(), 2)
-    scheduler.keep_whole(f"alice/{SLOW}")  # the plugin's call when a check of it timed out
+    scheduler.timed_out(f"alice/{SLOW}", nodeid_of("test_forward", "case0", SLOW))  # no N x N x d in its id
     run(scheduler, nodes, seconds_of)
     assert not scheduler.steals
     ran_once(scheduler, nodes)
@@ -270,8 +286,8 @@ def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
     ran_once(scheduler, nodes)
 
 
-def test_a_group_that_timed_out_is_kept_whole(tmp_path):
-    """The controller's plugin marks the group of a check that timed out as not to be split."""
+def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
+    """The controller's plugin tells the scheduler the case of a check that timed out."""
     from grading.durations import Durations
     from grading.plugin import GradingPlugin
     from grading.results.record import CheckRecord
@@ -280,11 +296,12 @@ def test_a_group_that_timed_out_is_kept_whole(tmp_path):
     plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
                              state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None)
     for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
-        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case="case0", outcome=outcome)
-        report = SimpleNamespace(nodeid=nodeid_of("test_forward", "case0", group), when="call", duration=1.0,
+        case = "bf16-113x203-d64-causal"
+        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group), when="call", duration=1.0,
                                  user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
         GradingPlugin.pytest_runtest_logreport(plugin, report)
-    assert scheduler.whole == {f"alice/{SLOW}"}
+    assert scheduler.smaller_than == {f"alice/{SLOW}": 113 * 203 * 64}
 
 
 def test_a_steal_that_came_too_late():

@@ -1,0 +1,160 @@
+"""A timing budget's measurement: forward+backward passes timed from outside the runners, in a
+window of the GPU's time whose length does not depend on the student's speed.
+
+A window pauses every other runner on the GPU (gpu_ledger.py), so its length is what the class
+pays. Measured as 5 runner calls of 13 passes for the student, then the reference, the windows of
+a class run lasted 65 times the student's pass (a minute or more for a slow kernel), and drawing
+inputs and writing outputs inside them left the GPU idle most of that time
+(notes/grading-speed.md). Now:
+
+- Outside the window, nothing is paused. Each side compiles, autotunes and runs one warm pass
+  (runner op warm_timing). That pass is timed under whatever load the GPU has, so it is at least
+  the real time, and it sets how many passes each side gets: as many as fit in its share of the
+  window. Then each side draws the inputs of its passes (prepare_timing).
+- In the window, at most WINDOW_S from its start (`measure`):
+  1. the reference's passes;
+  2. the student's first pass, alone. A first pass over DECIDED times the budget is a verdict no
+     noise could change (a quiet GPU makes no kernel twice as fast), so nothing more runs;
+  3. the rest of the student's passes, as many as that first pass says fit, synchronized in three
+     stretches (the median of the three is the student's time). Between two synchronizes the
+     passes queue on the device as in a training loop, so each pass's Python and launches overlap
+     the kernels before it; synchronized one by one, the reference read 2.5 ms a pass in a class
+     run against 1.7 ms in do_bench;
+  4. the reference's passes again, so the two rounds bracket the student's (each round in two
+     stretches), if the time left holds them.
+  The student's calls may last only until the window's deadline, less RESERVE_S. A pass still
+  running then is stopped, with its runner: it fails the budget, with the time it had run as its
+  figure.
+- After the window, the last pass's outputs are fetched and judged (end_timing).
+
+The reference's configs at the timing case are fixed (reference/flash_triton.py PINNED), so its
+time in one window is its time in every other: no autotune run under load picks it.
+"""
+import time
+from dataclasses import dataclass, field
+
+WINDOW_S = 3.0  # the longest a window pauses the other runners
+IDLE_WAIT_S = 0.5  # of which waiting for the paused runners' kernels in flight may take
+STUDENT_S = 1.5  # the student's passes are planned to fit in this
+REFERENCE_S = 0.25  # and each round of the reference's in this
+RESERVE_S = 0.5  # what the window keeps after the student's passes: the reference's second round, SDPA
+SDPA_S = 0.15  # SDPA's peer figure (test_timing.py), its inputs drawn and its kernels loaded before
+REFERENCE_GRACE_S = 10.0  # how far past the deadline a reference call may run before it is stopped
+MAX_PASSES = 12  # the student's (each holds its inputs on the GPU until it runs: 128 MiB at the timing case)
+REFERENCE_PASSES = 6  # per round, timed in two stretches
+DECIDED = 2.0  # a first pass this many times over the budget fails it at once
+
+
+def timed_seeds(seed: int, count: int) -> list:
+    """The seeds of a side's timed passes: one input each, none the warm pass's (`seed`)."""
+    return [seed + 1 + i for i in range(count)]
+
+
+def passes_for(pass_s: float, share_s: float, most: int) -> int:
+    """How many passes of `pass_s` seconds fit in `share_s`: at least 1, at most `most`."""
+    return max(1, min(most, int(share_s / max(pass_s, 1e-6))))
+
+
+def warm_pass_s(reply) -> float | None:
+    """The warm pass's seconds (runner op warm_timing); when the runner skipped it, the first
+    pass's, compiling included (at least the real time); None if the call failed."""
+    if not reply.ok or "warm" not in reply.phases:
+        return None
+    if "warmed" in reply.phases:
+        return reply.phases["warmed"] - reply.phases["warm"]
+    return reply.phases["warm"] - reply.phases.get("first", reply.phases["warm"])
+
+
+def pass_times_ms(phases: dict) -> list:
+    """A pass's milliseconds in each stretch between two synchronizes, from the phase messages
+    "timed", "pass i", "pass j", ... (i, j: the passes done when each was sent)."""
+    if "timed" not in phases:
+        return []
+    marks = [(0, phases["timed"])] + sorted((int(name.split()[1]), at) for name, at in phases.items()
+                                            if name.startswith("pass ") and name.split()[1].isdigit())
+    return [(after - before) * 1000 / (j - i) for (i, before), (j, after) in zip(marks, marks[1:]) if j > i]
+
+
+def stretches(passes: int, count: int) -> int:
+    """Passes per synchronize that make `count` timed stretches of `passes` passes (fewer if short)."""
+    return max(1, -(-passes // count))
+
+
+def median(values: list) -> float:
+    ordered = sorted(values)
+    return ordered[len(ordered) // 2]
+
+
+@dataclass
+class Measured:
+    """What one window measured: a pass's milliseconds per timed stretch (the student's first
+    pass, alone, apart), and how the measurement ended."""
+    student_ms: list = field(default_factory=list)
+    reference_ms: list = field(default_factory=list)
+    first_ms: float | None = None  # the student's first pass, synchronized alone
+    passes: int = 0  # the student's, the first included
+    decided_early: bool = False  # the student's first pass was over DECIDED times the budget
+    stopped_after_s: float | None = None  # the student's call was stopped at the deadline after this long
+    failed: str = ""  # "student" or "reference": whose call failed (raised, crashed)
+    failure: object = None  # that call's reply
+    steps: dict = field(default_factory=dict)  # step -> seconds it took: where a window's time went
+
+    @property
+    def ratio(self) -> float | None:
+        student = self.student_ms or ([self.first_ms] if self.first_ms is not None else [])
+        if not student or not self.reference_ms:
+            return None
+        return median(student) / median(self.reference_ms)
+
+
+def measure(student, reference, request: dict, budget_ratio: float, student_passes: int, reference_passes: int,
+            deadline: float, clock=time.monotonic) -> Measured:
+    """Steps 1 to 4 above, in the window, before `deadline` (on `clock`). `request` holds the
+    case; the runners have prepared `student_passes` and 2 x `reference_passes` inputs. The
+    reference's calls are the grader's own code: they are never stopped at the deadline (its
+    second round is left out when the time left would not hold it)."""
+    m = Measured()
+
+    def timed(runner, passes, per_sync, until):
+        return runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": per_sync},
+                           max(until - clock(), 0.05))
+
+    def reference_round(step) -> bool:
+        started = clock()
+        reply = timed(reference, reference_passes, stretches(reference_passes, 2), deadline + REFERENCE_GRACE_S)
+        m.steps[step] = clock() - started
+        if not reply.ok:
+            m.failed, m.failure = "reference", reply
+            return False
+        m.reference_ms += pass_times_ms(reply.phases)
+        return True
+
+    def student_round(step, passes) -> bool:
+        started = clock()
+        reply = timed(student, passes, stretches(passes, 3), deadline - RESERVE_S)
+        m.steps[step] = clock() - started
+        times = pass_times_ms(reply.phases)
+        m.passes += passes if reply.ok else len(times)
+        if reply.status == "timeout":
+            m.stopped_after_s = m.steps[step]
+        elif not reply.ok:
+            m.failed, m.failure = "student", reply
+        return reply.ok, times
+
+    if not reference_round("reference"):
+        return m
+    ok, times = student_round("student's first pass", 1)
+    if not ok:
+        return m
+    m.first_ms = times[0]
+    if m.first_ms > DECIDED * budget_ratio * median(m.reference_ms):
+        m.decided_early = True
+        return m
+    fit = int((deadline - RESERVE_S - clock()) / (m.first_ms / 1000))  # by the first pass, on a quiet GPU
+    if (rest := min(student_passes - 1, fit)) > 0:
+        ok, m.student_ms = student_round("student's passes", rest)
+        if not ok:
+            return m
+    if deadline - clock() > m.steps["reference"] + SDPA_S:
+        reference_round("reference again")
+    return m
