@@ -126,18 +126,16 @@ def test_budget(grading, submission, check, slot):
 
 
 def measure_budget(c, grading, submission, runners, request, case, budget, timeout) -> dict:
-    """Warm up, plan and prepare both sides outside the window, time them in it, and judge the
+    """Warm up and prepare both sides outside the window, time them in it, and judge the
     student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them)."""
     student, reference = runners
-    warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed, "once_over_s": tw.STUDENT_S}] * 2,
-                timeout)
+    warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed,
+                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, timeout)
     c.settle_reply(warm[0])
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")
-    student_passes = tw.passes_for(tw.warm_pass_s(warm[0]), tw.STUDENT_S, tw.MAX_PASSES)
-    reference_passes = tw.passes_for(tw.warm_pass_s(warm[1]), tw.REFERENCE_S, tw.REFERENCE_PASSES)
     prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(grading.seed, n)}
-                              for n in (student_passes, 2 * reference_passes)], timeout)
+                              for n in (tw.MAX_PASSES, 2 * tw.REFERENCE_PASSES)], timeout)
     c.settle_reply(prepared[0])
     if not prepared[1].ok:
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",
@@ -147,8 +145,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
                                    say=student.note) as window:
         started = time.monotonic()
         window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device(), tw.IDLE_WAIT_S)
-        m = tw.measure(student, reference, request, budget["ratio"], student_passes, reference_passes,
-                       started + tw.WINDOW_S)
+        m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
         time_left = started + tw.WINDOW_S - time.monotonic()
         sdpa_ms = sdpa_median_ms(sdpa) if m.stopped_after_s is None and time_left > tw.SDPA_S else None
         window["measured_s"] = time.monotonic() - started
@@ -156,7 +153,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     ms = lambda values: round(tw.median(values), 3) if values else None  # noqa: E731
     timing = {"student_ms": ms(m.student_ms or ([m.first_ms] if m.first_ms is not None else [])),
               "reference_ms": ms(m.reference_ms), "sdpa_ms": sdpa_ms, "ratio": m.ratio, "budget": budget["ratio"],
-              "student_passes": m.passes, "reference_passes": len(m.reference_ms) * tw.stretches(reference_passes, 2),
+              "student_passes": m.passes, "reference_passes": m.reference_passes,
               "first_ms": m.first_ms, "decided_early": m.decided_early, "stopped_after_s": m.stopped_after_s,
               "window": {**{k: round(v, 2) for k, v in window.items()},
                          "steps": {k: round(v, 2) for k, v in m.steps.items()}}}

@@ -7,10 +7,11 @@ a class run lasted 65 times the student's pass (a minute or more for a slow kern
 inputs and writing outputs inside them left the GPU idle most of that time
 (notes/grading-speed.md). Now:
 
-- Outside the window, nothing is paused. Each side compiles, autotunes and runs one warm pass
-  (runner op warm_timing). That pass is timed under whatever load the GPU has, so it is at least
-  the real time, and it sets how many passes each side gets: as many as fit in its share of the
-  window. Then each side draws the inputs of its passes (prepare_timing).
+- Outside the window, nothing is paused. Each side compiles, autotunes and warms up (runner op
+  warm_timing), then draws the inputs of every pass it may run (prepare_timing): MAX_PASSES for
+  the student, two rounds for the reference. How many of them run is decided in the window, from
+  the student's first pass there: a pass timed under load, or one that includes compiling, says
+  nothing reliable about the kernel (planned from the warm-up, every class run timed one pass).
 - In the window, at most WINDOW_S from its start (`measure`):
   1. the reference's passes;
   2. the student's first pass, alone. A first pass over DECIDED times the budget is a verdict no
@@ -35,8 +36,7 @@ from dataclasses import dataclass, field
 
 WINDOW_S = 3.0  # the longest a window pauses the other runners
 IDLE_WAIT_S = 0.5  # of which waiting for the paused runners' kernels in flight may take
-STUDENT_S = 1.5  # the student's passes are planned to fit in this
-REFERENCE_S = 0.25  # and each round of the reference's in this
+WARM_ONCE_OVER_S = 1.5  # a first warm-up pass longer than this is not repeated (a slow kernel's second costs)
 RESERVE_S = 0.5  # what the window keeps after the student's passes: the reference's second round, SDPA
 SDPA_S = 0.15  # SDPA's peer figure (test_timing.py), its inputs drawn and its kernels loaded before
 REFERENCE_GRACE_S = 10.0  # how far past the deadline a reference call may run before it is stopped
@@ -48,21 +48,6 @@ DECIDED = 2.0  # a first pass this many times over the budget fails it at once
 def timed_seeds(seed: int, count: int) -> list:
     """The seeds of a side's timed passes: one input each, none the warm pass's (`seed`)."""
     return [seed + 1 + i for i in range(count)]
-
-
-def passes_for(pass_s: float, share_s: float, most: int) -> int:
-    """How many passes of `pass_s` seconds fit in `share_s`: at least 1, at most `most`."""
-    return max(1, min(most, int(share_s / max(pass_s, 1e-6))))
-
-
-def warm_pass_s(reply) -> float | None:
-    """The warm pass's seconds (runner op warm_timing); when the runner skipped it, the first
-    pass's, compiling included (at least the real time); None if the call failed."""
-    if not reply.ok or "warm" not in reply.phases:
-        return None
-    if "warmed" in reply.phases:
-        return reply.phases["warmed"] - reply.phases["warm"]
-    return reply.phases["warm"] - reply.phases.get("first", reply.phases["warm"])
 
 
 def pass_times_ms(phases: dict) -> list:
@@ -93,6 +78,7 @@ class Measured:
     reference_ms: list = field(default_factory=list)
     first_ms: float | None = None  # the student's first pass, synchronized alone
     passes: int = 0  # the student's, the first included
+    reference_passes: int = 0
     decided_early: bool = False  # the student's first pass was over DECIDED times the budget
     stopped_after_s: float | None = None  # the student's call was stopped at the deadline after this long
     failed: str = ""  # "student" or "reference": whose call failed (raised, crashed)
@@ -107,8 +93,8 @@ class Measured:
         return median(student) / median(self.reference_ms)
 
 
-def measure(student, reference, request: dict, budget_ratio: float, student_passes: int, reference_passes: int,
-            deadline: float, clock=time.monotonic) -> Measured:
+def measure(student, reference, request: dict, budget_ratio: float, deadline: float, clock=time.monotonic,
+            student_passes: int = MAX_PASSES, reference_passes: int = REFERENCE_PASSES) -> Measured:
     """Steps 1 to 4 above, in the window, before `deadline` (on `clock`). `request` holds the
     case; the runners have prepared `student_passes` and 2 x `reference_passes` inputs. The
     reference's calls are the grader's own code: they are never stopped at the deadline (its
@@ -127,6 +113,7 @@ def measure(student, reference, request: dict, budget_ratio: float, student_pass
             m.failed, m.failure = "reference", reply
             return False
         m.reference_ms += pass_times_ms(reply.phases)
+        m.reference_passes += reference_passes
         return True
 
     def student_round(step, passes) -> bool:

@@ -52,7 +52,7 @@ def window(student_ms, reference_ms=1.5, student_passes=12, fail=False):
     student = FakeRunner("student", student_ms, clock, log, fail)
     reference = FakeRunner("reference", reference_ms, clock, log)
     started = clock.now
-    m = tw.measure(student, reference, {}, 3.0, student_passes, 6, started + tw.WINDOW_S, clock)
+    m = tw.measure(student, reference, {}, 3.0, started + tw.WINDOW_S, clock, student_passes)
     return m, log, clock.now - started
 
 
@@ -94,21 +94,10 @@ def test_a_student_call_that_fails_ends_the_measurement():
     assert m.ratio is None
 
 
-@pytest.mark.parametrize("pass_s, passes", [(0.001, tw.MAX_PASSES), (0.2, 7), (1.0, 1), (30.0, 1)])
-def test_the_passes_planned_follow_the_warm_pass(pass_s, passes):
-    assert tw.passes_for(pass_s, tw.STUDENT_S, tw.MAX_PASSES) == passes
-
-
 def test_each_stretch_is_timed_from_its_phase_messages():
     assert tw.pass_times_ms({"timed": 1.0, "pass 1": 1.002, "pass 2": 1.005}) == pytest.approx([2.0, 3.0])
     assert tw.pass_times_ms({"timed": 1.0, "pass 4": 1.008, "pass 6": 1.014}) == pytest.approx([2.0, 3.0])
     assert tw.pass_times_ms({"setup": 1.0}) == []
-
-
-def test_a_long_first_pass_is_the_warm_estimate_when_the_second_is_skipped():
-    both = SimpleNamespace(ok=True, phases={"first": 0.0, "warm": 9.0, "warmed": 10.5})
-    once = SimpleNamespace(ok=True, phases={"first": 0.0, "warm": 9.0})
-    assert tw.warm_pass_s(both) == pytest.approx(1.5) and tw.warm_pass_s(once) == pytest.approx(9.0)
 
 
 SLOW = '''
@@ -140,8 +129,8 @@ def get_flashattention_autograd_function_pytorch():
 
 
 def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
-    """The stall, with real runners on the CPU: a class whose pass takes 5 s. Its warm pass plans
-    one pass; in the window that pass is stopped at the deadline, with its runner, and the window
+    """The stall, with real runners on the CPU: a class whose pass takes 5 s. In the window its
+    first pass is stopped at the deadline, with its runner, and the window
     (here: from the reference's first pass to the measurement's end) stays within WINDOW_S."""
     (tmp_path / "adapters.py").write_text(textwrap.dedent(SLOW.format(seconds=5)))
     case = FlashCase(batch=(2,), n_queries=33, n_keys=33, head_dim=16, dtype="float32", is_causal=False)
@@ -153,7 +142,7 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
             assert runner.call({**request, "op": "warm_timing", "seed": 5}, 120).ok
             assert runner.call({**request, "op": "prepare_timing", "seeds": tw.timed_seeds(5, passes)}, 120).ok
         started = time.monotonic()
-        m = tw.measure(student, reference, request, 3.0, 1, tw.REFERENCE_PASSES, started + tw.WINDOW_S)
+        m = tw.measure(student, reference, request, 3.0, started + tw.WINDOW_S, student_passes=1)
         held = time.monotonic() - started
     finally:
         student.close()
