@@ -203,7 +203,7 @@ def needs_gpu(grading, submission, slot, phase="forward"):
         return None
     reply, _ = run_case(grading, submission, slot, COURSE_CASE)
     backward_error = (reply.result.get("backward_error") or {}) if reply.ok and phase == "backward" else {}
-    course = "the course case (B=4, N=128, d=64, float32)"
+    course = "the course case, B=4, N=128, d=64, float32,"
     if reply.status == outcomes.ERROR and machine_error(reply.message, reply.traceback):
         return f"{course} raised {reply.message}"
     if backward_error.get("status") == outcomes.ERROR and \
@@ -215,8 +215,7 @@ def needs_gpu(grading, submission, slot, phase="forward"):
 def not_here_if_needs_gpu(check, grading, submission, slot, phase="forward"):
     """End `check` as not graded here where the class needs a GPU to be judged (needs_gpu)."""
     if why := needs_gpu(grading, submission, slot, phase):
-        check.not_here(f"it needs a GPU: the class does not run under the CPU's Triton interpreter ({why}); "
-                       f"a GPU grades this check.")
+        check.not_here(f"it needs a GPU: the class does not run under the CPU's Triton interpreter ({why})")
 
 
 def settle(check, grading, submission, slot, tier, case, phase="forward"):
