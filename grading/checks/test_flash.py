@@ -2,6 +2,13 @@
 
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
+
+Without a GPU the Triton slot runs under Triton's interpreter. The class runs the course case
+there, or it does not: it does not when that case raises an error that names CUDA, the GPU or
+NVIDIA (in its message or the line that raised it) or says the interpreter does not support what
+the class called. Then every Triton check is "not graded here" (it needs a GPU); otherwise every
+case is judged there, and an error of any other case fails as it would on a GPU
+(flash_checks.needs_gpu has the whole rule).
 """
 from contextlib import nullcontext
 from functools import partial

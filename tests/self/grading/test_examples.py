@@ -178,8 +178,8 @@ def judge(name: str, reports: Path) -> dict:
         hit = [c for c in checks if matches(pattern, c["name"])]
         if not hit:
             problems.append(f"cpu_not_here {pattern!r} matched no check at all")
-        problems += [f"cpu_not_here {pattern!r}: {c['name']} was {c['outcome']}, not graded here: "
-                     f"{c['text'].strip()[:200]}" for c in hit if c["outcome"] != "not_graded_here"]
+        problems += [f"cpu_not_here {pattern!r}: {c['name']} is {c['outcome']}, expected not_graded_here "
+                     f"({c['text'].strip()[:200]})" for c in hit if c["outcome"] != "not_graded_here"]
     for pattern in must_pass:
         hit = [c for c in checks if matches(pattern, c["name"])]
         if not any(c["outcome"] == "passed" for c in hit):
