@@ -53,6 +53,21 @@ class Part:
 
 
 @dataclass
+class GpuWait:
+    """The checks of one part that a GPU will still grade (not graded on this machine)."""
+    label: str
+    checks: int
+    points: float
+    why: str
+
+
+def _needs_gpu_reason(check) -> str:
+    """Why a check was not graded here ("it needs a GPU: ..."), without the words every such
+    check's output starts with."""
+    return (check.diagnosis or check.output).strip().partition("\n")[0].removeprefix("not graded here: ")
+
+
+@dataclass
 class SubmissionReport:
     """One submission's results.json, as its page shows it."""
     name: str
@@ -122,6 +137,19 @@ class SubmissionReport:
         else:
             head = f"{len(self.ungraded)} check{'s' if len(self.ungraded) != 1 else ''} not graded"
         return f"{head}{' (' + ', '.join(why) + ')' if why else ''}: the total is not final; regrade."
+
+    @property
+    def waiting_for_gpu(self) -> list:
+        """What a GPU will still grade, a part a row in the page's order: [GpuWait]. Its reason is
+        the one most of the part's checks give."""
+        rows = []
+        for part in self.parts:
+            checks = [c for c in self.checks if c.state == outcomes.STATE_NOT_HERE and c.part == part.key]
+            if checks:
+                reasons = Counter(_needs_gpu_reason(c) for c in checks)
+                rows.append(GpuWait(part.label, len(checks), sum(c.max_score for c in checks),
+                                    reasons.most_common(1)[0][0]))
+        return rows
 
     def part(self, key):
         return next((p for p in self.parts if p.key == key), None)

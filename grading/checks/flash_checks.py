@@ -1,5 +1,6 @@
 """What the FlashAttention checks share: the runner call for one case, the float64 oracles, the
-baseline's L in the dtype a submission stored it in, and how a call that went wrong ends a check.
+baseline's L in the dtype a submission stored it in, how a call that went wrong ends a check, and
+when a Triton class needs a GPU to be judged at all.
 
 test_flash.py, test_memory.py and test_timing.py import from here; no check imports another
 check module.
@@ -10,7 +11,7 @@ from functools import lru_cache
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from grading.diagnoses import mistakes
-from grading.matrix import replay_cases, slot_device
+from grading.matrix import COURSE_CASE, replay_cases, slot_device
 from reference.tolerance import expected_attention, tf32_attention_and_grads
 
 SLOTS = tuple(FLASH_SLOTS)  # "pytorch", "triton"
@@ -147,9 +148,72 @@ def refusal(reply, case, phase="forward"):
     return None
 
 
+# -- a Triton class that needs a GPU -------------------------------------------------------------
+#
+# Without a GPU the Triton class runs under Triton's interpreter, on CPU tensors. Many classes
+# cannot: they assert q.is_cuda (the official tests run the class on CUDA only), create tensors
+# on "cuda", or call what the interpreter lacks. Such a class is not wrong, and only a GPU can
+# judge it. The rule, on a machine without a GPU:
+#
+#   The class runs the course case (B=4, N=128, d=64, float32, non-causal) under the
+#   interpreter, or it does not. It does not when that case raises an error of the machine:
+#   one whose message, or the line that raised it, names CUDA, the GPU or NVIDIA ("assert
+#   q.is_cuda", "Torch not compiled with CUDA enabled"), or that says the interpreter does
+#   not support what the class called ("inline_asm not supported in interpreter mode").
+#
+# Where it does not, every check of the slot is "needs a GPU" (not graded here); where only the
+# course case's backward raises such an error, the backward checks are. Where it does, every case
+# is judged under the interpreter, as on a GPU: an error of another case, even one that names
+# CUDA, is the class's own. So is any other error of the course case (a KeyError, a compile
+# error): it fails as it would on a GPU, except in the course tier, whose checks are "not graded
+# here" whatever the class raises there (settle), as the official tests skip the Triton class
+# without a GPU. On a GPU none of this applies.
+
+MACHINE_WORDS = re.compile(r"cuda|gpu|nvidia", re.IGNORECASE)
+INTERPRETER_LACKS = re.compile(r"not supported in interpreter", re.IGNORECASE)
+
+
+def raising_line(traceback: str) -> str:
+    """The source line of the last frame of a formatted traceback: the line that raised."""
+    lines = traceback.splitlines()
+    frames = [i for i, line in enumerate(lines) if line.lstrip().startswith('File "')]
+    return lines[frames[-1] + 1].strip() if frames and frames[-1] + 1 < len(lines) else ""
+
+
+def machine_error(message: str, traceback: str) -> bool:
+    """Whether an error ("TypeName: first line", and its traceback) is the machine's, not the
+    class's: the rule above."""
+    return bool(MACHINE_WORDS.search(message) or MACHINE_WORDS.search(raising_line(traceback))
+                or INTERPRETER_LACKS.search(message))
+
+
+def needs_gpu(grading, submission, slot, phase="forward"):
+    """What shows that the Triton class cannot be judged on this machine (the rule above), quoting
+    its error, or None. `phase` is the check's: a backward check also takes the backward's error."""
+    if slot != "triton" or grading.on_gpu:
+        return None
+    reply, _ = run_case(grading, submission, slot, COURSE_CASE)
+    backward_error = (reply.result.get("backward_error") or {}) if reply.ok and phase == "backward" else {}
+    course = "the course case, B=4, N=128, d=64, float32,"
+    if reply.status == outcomes.ERROR and machine_error(reply.message, reply.traceback):
+        return f"{course} raised {reply.message}"
+    if backward_error.get("status") == outcomes.ERROR and \
+            machine_error(backward_error["message"], backward_error.get("traceback", "")):
+        return f"the backward of {course} raised {backward_error['message']}"
+    return None
+
+
+def not_here_if_needs_gpu(check, grading, submission, slot, phase="forward"):
+    """End `check` as not graded here where the class needs a GPU to be judged (needs_gpu)."""
+    if why := needs_gpu(grading, submission, slot, phase):
+        check.not_here(f"it needs a GPU: the class does not run under the CPU's Triton interpreter ({why})")
+
+
 def settle(check, grading, submission, slot, tier, case, phase="forward"):
-    """The reply and tensors of a case, or end the check the way the call went wrong."""
+    """The reply and tensors of a case, or end the check the way the call went wrong. On a machine
+    without a GPU, a Triton class that does not run there (needs_gpu) is not graded here."""
     grading.fail_if_stub(check, submission, FLASH_SLOTS[slot])
+    not_here_if_needs_gpu(check, grading, submission, slot, phase)
     reply, tensors = run_case(grading, submission, slot, case)
     if refused := refusal(reply, case, phase):
         check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refused}")

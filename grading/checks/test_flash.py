@@ -2,6 +2,13 @@
 
 The runner runs the student's forward and backward on inputs drawn from the seed; this process
 draws the same inputs and judges the tensors that come back against the float64 oracle.
+
+Without a GPU the Triton slot runs under Triton's interpreter. The class runs the course case
+there, or it does not: it does not when that case raises an error that names CUDA, the GPU or
+NVIDIA (in its message or the line that raised it) or says the interpreter does not support what
+the class called. Then every Triton check is "not graded here" (it needs a GPU); otherwise every
+case is judged there, and an error of any other case fails as it would on a GPU
+(flash_checks.needs_gpu has the whole rule).
 """
 from contextlib import nullcontext
 from functools import partial
@@ -17,6 +24,7 @@ from grading.checks.flash_checks import (
     expected_tf32,
     flash_timeout,
     mistaken,
+    not_here_if_needs_gpu,
     oracle_bytes,
     run_case,
     settle,
@@ -221,12 +229,15 @@ def test_replay(grading, submission, check, slot, tier, case):
     Replay judges a replay and nothing else. Where either input got no answer (the class raised,
     crashed, timed out, or is the template's stub), there is no pair of answers to compare: the
     check is not measured, and its points are shared by the part's other checks (Rubric.weights),
-    so the failure is charged once, by the forward and backward checks of the case."""
+    so the failure is charged once, by the forward and backward checks of the case. On a machine
+    without a GPU, a Triton class that does not run there (flash_checks.needs_gpu) is not graded
+    here, like the slot's other checks."""
     c = check(f"flash_{slot}", "replay", case, "replay")
     first = f"flash_{slot}::forward[{case.id}]"
     if FLASH_SLOTS[slot] in grading.stubs[submission.name]:
         c.not_measured(f"{FLASH_SLOTS[slot]} raises NotImplementedError (not attempted), so there is no answer to "
                        f"replay; {first} and the slot's other checks charge it.")
+    not_here_if_needs_gpu(c, grading, submission, slot)
     reply, tensors = run_case(grading, submission, slot, case)
     if not reply.ok:
         c.not_measured(f"the first input of this case got no answer ({what_failed(reply)}), so there is nothing a "

@@ -106,8 +106,13 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                                          else f"All {len(scored)} checks passed.")
     if not_here:
         waiting = sum(r.max_score for r in not_here)
+        checks, points = Counter(r.part for r in not_here), Counter()
+        for r in not_here:
+            points[r.part] += r.max_score
+        by_part = "; ".join(f"{parts[key]['label']}: {checks[key]} check{'s' if checks[key] != 1 else ''}, "
+                            f"{points[key]:.4g} points" for key in parts if checks[key])
         summary = (f"provisional: {len(not_here)} checks worth {waiting:.4g} points need a GPU and were not "
-                   f"graded here; they count 0 until the submission is graded on a GPU. " + summary)
+                   f"graded here ({by_part}); they count 0 until the submission is graded on a GPU. " + summary)
     if incomplete:
         why = []
         if grader_failed := sum(1 for u in ungraded if u["name"]):

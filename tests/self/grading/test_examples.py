@@ -14,9 +14,12 @@ and then each example's results.json is held against its EXPECTED.yaml:
     must_pass:  optional patterns, each must match >= 1 check that ran and passed, and no
                 failed check
     may_fail:   patterns allowed to fail (parts not implemented, collateral damage)
-    gpu_only:   true when the bug only shows on a GPU; gpu_must_fail, gpu_diagnosis and
-                gpu_may_fail add to the lists above when the run had a GPU, cpu_diagnosis
-                when it had none (wordings that differ by device, e.g. the memory checks)
+    gpu_only:   true when the bug only shows on a GPU; gpu_must_fail, gpu_diagnosis,
+                gpu_must_pass and gpu_may_fail add to the lists above when the run had a GPU,
+                cpu_diagnosis when it had none (wordings that differ by device, e.g. the memory
+                checks)
+    cpu_not_here: optional patterns for a run without a GPU: each must match >= 1 check, and
+                every check it matches must be "not graded here" (it needs a GPU)
     known_gap:  optional: the grader is known to miss this bug (why). The example's must_fail and
                 diagnosis then xfail; once the grader catches it the test fails, to drop the key.
 
@@ -129,8 +132,8 @@ def graded(tmp_path_factory, worker_id, testrun_uid):
 
 def load_expected(name: str) -> dict:
     data = yaml.safe_load((EXAMPLES / name / "EXPECTED.yaml").read_text()) or {}
-    for key in ("must_fail", "diagnosis", "must_pass", "may_fail", "cpu_diagnosis", "gpu_must_fail", "gpu_diagnosis",
-                "gpu_may_fail"):
+    for key in ("must_fail", "diagnosis", "must_pass", "may_fail", "cpu_diagnosis", "cpu_not_here", "gpu_must_fail",
+                "gpu_diagnosis", "gpu_must_pass", "gpu_may_fail"):
         data[key] = list(data.get(key) or [])
     return data
 
@@ -145,11 +148,12 @@ def judge(name: str, reports: Path) -> dict:
     results = json.loads(path.read_text())
     on_gpu = results["extra_data"].get("environment", {}).get("device", "cpu") != "cpu"
     must_fail, diagnosis, may_fail = expected["must_fail"], expected["diagnosis"], expected["may_fail"]
+    must_pass, not_here = expected["must_pass"], []
     if on_gpu:
         must_fail, diagnosis = must_fail + expected["gpu_must_fail"], diagnosis + expected["gpu_diagnosis"]
-        may_fail = may_fail + expected["gpu_may_fail"]
+        may_fail, must_pass = may_fail + expected["gpu_may_fail"], must_pass + expected["gpu_must_pass"]
     else:
-        diagnosis = diagnosis + expected["cpu_diagnosis"]
+        diagnosis, not_here = diagnosis + expected["cpu_diagnosis"], expected["cpu_not_here"]
 
     checks = [{"name": t["name"].split("::", 1)[1], "status": t.get("status"), "score": t["score"],
                "max_score": t["max_score"], "outcome": t["extra_data"].get("outcome", ""),
@@ -170,7 +174,13 @@ def judge(name: str, reports: Path) -> dict:
     for c in failed:
         if not any(matches(p, c["name"]) for p in must_fail + may_fail):
             problems.append(f"unexpected failure {c['name']} [{c['outcome']}]: {c['text'].strip()[:300]}")
-    for pattern in expected["must_pass"]:
+    for pattern in not_here:
+        hit = [c for c in checks if matches(pattern, c["name"])]
+        if not hit:
+            problems.append(f"cpu_not_here {pattern!r} matched no check at all")
+        problems += [f"cpu_not_here {pattern!r}: {c['name']} is {c['outcome']}, expected not_graded_here "
+                     f"({c['text'].strip()[:200]})" for c in hit if c["outcome"] != "not_graded_here"]
+    for pattern in must_pass:
         hit = [c for c in checks if matches(pattern, c["name"])]
         if not any(c["outcome"] == "passed" for c in hit):
             problems.append(f"must_pass {pattern!r} matched no check that ran and passed "

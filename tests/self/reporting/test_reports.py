@@ -302,6 +302,33 @@ def test_skipped_checks_show_their_reason_and_environment_is_shown(staff):
     assert "not graded here (0 / " in page and 'id="provisional"' in page
 
 
+def test_a_provisional_page_says_first_what_a_gpu_will_still_grade(staff):
+    reports, _ = staff
+    page = (reports / "erin" / "index.html").read_text()
+    waiting = [t for t in fixture_json("erin")["tests"] if t["extra_data"]["outcome"] == "not_graded_here"]
+    start = page.index('id="provisional"')
+    banner = page[start:page.index("</div>", start)]
+    assert start < page.index('<div class="top">')  # before the score and every list of checks
+
+    def points(tests):
+        return f"{sum(t['max_score'] for t in tests):.2f}".rstrip("0").rstrip(".")
+
+    assert f"a GPU will still grade {len(waiting)} checks worth {points(waiting)} points" in banner
+    parts = {"timing": "Timing", "memory": "Memory"}  # in the rubric's order
+    assert {t["extra_data"]["part"] for t in waiting} == set(parts)
+    for part, label in parts.items():
+        mine = [t for t in waiting if t["extra_data"]["part"] == part]
+        assert (f'<li><strong>{label}</strong>: {len(mine)} checks, {points(mine)} points '
+                f'<span class="why">· it needs a CUDA GPU</span></li>') in banner
+    assert banner.index("<strong>Memory</strong>") > banner.index("<strong>Timing</strong>")  # the parts' order
+    # results.json's output, the first thing Gradescope shows, says the same part by part
+    by_part = "; ".join(f"{label}: {len(mine)} checks, {sum(t['max_score'] for t in mine):.4g} points"
+                        for part, label in parts.items()
+                        if (mine := [t for t in waiting if t["extra_data"]["part"] == part]))
+    assert fixture_json("erin")["output"].startswith(f"provisional: {len(waiting)} checks worth {points(waiting)} "
+                                                     f"points need a GPU and were not graded here ({by_part}); ")
+
+
 def test_untrusted_text_is_escaped(staff):
     reports, _ = staff
     page = (reports / "carol" / "index.html").read_text()
