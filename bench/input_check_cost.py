@@ -7,7 +7,7 @@ Each flash call copies q, k, v and dO before the forward and compares them bit f
 forward and after the backward (fa2_sandbox/runner/input_changes.py, serve.Runner.op_flash). For
 each case this prints the median time of that copy and the two comparisons, of what the runner
 did before (a copy and one comparison with torch.equal), and of the reference's forward and
-backward. notes/grading-speed.md has the figures.
+backward. notes/input-checks.md has the figures.
 """
 import argparse
 import statistics
