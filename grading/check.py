@@ -38,17 +38,27 @@ class Check:
         self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
                                   case_fields=case_fields, tier=tier, group=group,
                                   source=rubric.source(group), advice=rubric.advice(group))
+        self.opening = ""  # what every verdict says first (preface)
 
     def update(self, **fields):
         self.record.update(**fields)
 
+    def preface(self, sentence: str):
+        """Have the verdict, pass or fail, start with `sentence`: what the call did beside the answers
+        judged (changed its inputs in place, say), which explains them and must come first."""
+        self.opening = sentence
+
+    def _after_preface(self, text: str) -> str:
+        return f"{self.opening}; {text}" if self.opening else text
+
     def fail(self, diagnosis: str, evidence: str = "", outcome: str = outcomes.FAILED, **details):
+        diagnosis = self._after_preface(diagnosis)
         self.update(outcome=outcome, diagnosis=diagnosis,
                     output=diagnosis + ("\n" + evidence if evidence else ""), **details)
         pytest.fail(self.record.output, pytrace=False)
 
     def ok(self, note: str = "", **details):
-        self.update(outcome=outcomes.PASSED, output=note or "passed", **details)
+        self.update(outcome=outcomes.PASSED, output=self._after_preface(note or "passed"), **details)
 
     def skip(self, reason: str):
         """The check does not apply to this submission (an adapter of the other template): 0 of 0."""

@@ -10,6 +10,7 @@ the class called. Then every Triton check is "not graded here" (it needs a GPU);
 case is judged there, and an error of any other case fails as it would on a GPU
 (flash_checks.needs_gpu has the whole rule).
 """
+import dataclasses
 from contextlib import nullcontext
 from functools import partial
 
@@ -18,6 +19,7 @@ import torch
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS
+from grading.checks.changed_inputs import changed_inputs, name_changed_inputs
 from grading.checks.flash_checks import (
     SLOTS,
     expected,
@@ -121,6 +123,7 @@ def test_forward(grading, submission, check, slot, tier, case):
     reply, tensors = settle(c, grading, submission, slot, tier, case)
     if reply is None:
         return
+    name_changed_inputs(c, reply, ("forward",))  # the backward's changes come after o and L were taken
     if reply.result["n_lse"] != 1:
         c.fail(f"expected exactly one saved tensor of shape {list(case.batch) + [case.n_queries]} (the "
                f"logsumexp L), found {reply.result['n_lse']}: save L with ctx.save_for_backward.")
@@ -133,6 +136,7 @@ def test_backward(grading, submission, check, slot, tier, case):
     reply, tensors = settle(c, grading, submission, slot, tier, case, phase="backward")
     if reply is None:
         return
+    name_changed_inputs(c, reply)
     judge(c, grading, slot, tier, case, tensors, ["dq", "dk", "dv"])
 
 
@@ -151,6 +155,7 @@ def test_runs_on_cuda(grading, submission, check):
                f"tests run it; to run on a GPU too, create every tensor with device=q.device.",
                reply.traceback, outcome=outcomes.ERROR)
     c.settle_reply(reply)
+    name_changed_inputs(c, reply)
     if off := sorted(n for n, where in reply.result.get("devices", {}).items() if not where.startswith("cuda")):
         c.fail(f"on CUDA inputs the PyTorch class returned {', '.join(off)} on the CPU: create its tensors with "
                f"device=q.device.")
@@ -164,13 +169,22 @@ def test_runs_on_cuda(grading, submission, check):
 
 @pytest.mark.parametrize("slot,tier,case", HYGIENE, ids=SLOTS)
 def test_hygiene(grading, submission, check, slot, tier, case):
-    """Inputs untouched, output dtype equal to the input dtype, L in float32, same answer twice."""
+    """Inputs untouched, output dtype equal to the input dtype, L in float32, same answer twice.
+
+    The inputs are looked at in float32 too, on the case's float32 twin (a handout case of the slot,
+    whose reply the PyTorch slot's runner shares): a change smaller than bf16's rounding step, such
+    as scaling a row of q by 1 + 1e-4, leaves bf16 inputs bit for bit as they were."""
     c = check(f"flash_{slot}", "hygiene", case, "hygiene")
     reply, tensors = settle(c, grading, submission, slot, tier, case)
     if reply is None:
         return
-    if not reply.result["inputs_unchanged"]:
-        c.fail("the inputs changed during forward or backward: something writes into q, k, v or dO in place.")
+    changed, dtype = changed_inputs(reply), case.dtype
+    if not changed:
+        twin = dataclasses.replace(case, dtype="float32")
+        changed, dtype = changed_inputs(run_case(grading, submission, slot, twin)[0]), twin.dtype
+    if changed:
+        c.fail(f"{changed}, in {dtype}: the caller's q, k, v and dO must come back as they were given; compute into "
+               f"new tensors, never into the inputs.")
     if tensors["o"].dtype != case.torch_dtype:
         c.fail(f"the output is {tensors['o'].dtype} for {case.dtype} inputs: cast it back to the input dtype.")
     if "L" in tensors and tensors["L"].dtype != torch.float32:

@@ -22,7 +22,7 @@ class HostileAttention(torch.autograd.Function):
             path = str(runner.exchange / f"{request['tag']}.pt")
             os.symlink("/etc/shadow", path)
         message = {"event": "done", "status": "ok", "tag": request["tag"], "seconds": 0.0,
-                   "result": {"tensors": path, "n_lse": 1, "lse_dtypes": ["float32"], "inputs_unchanged": True,
+                   "result": {"tensors": path, "n_lse": 1, "lse_dtypes": ["float32"], "changed_inputs": {"forward": {}},
                               "forward": {"triton_launches": {}, "forbidden_ops": {}, "largest_numel": 0,
                                           "largest_shape": [], "peak_bytes": None}}}
         os.write(int(sys.argv[2]), (json.dumps(message) + "\n").encode())
