@@ -35,7 +35,7 @@ from grading.durations import Durations
 from grading.recording import Recording, submission_of
 from grading.results import store
 from grading.session import GRADING, Grading, environment
-from reporting.build import build_reports
+from reporting.build import build_reports, left_out
 
 CHECKS = Path(__file__).resolve().with_name("checks")
 
@@ -156,8 +156,15 @@ class GradingPlugin(Recording):
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **{key: old[key] for key in ("runner_log_tail", "runner_logs") if old.get(key)}}
             store.write_info(self.state.reports, s.name, self.info[s.name])
-        names = ", ".join(s.name for s in self.state.submissions) or "none"
-        self._say(f"grading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
+        store.write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
+                          keep_others=self.config.getoption("--keep-others"))
+        count = len(self.state.submissions)
+        self._say(f"grading {count} submission{'s' * (count != 1)} with seed {self.state.seed}: "
+                  + ", ".join(s.name for s in self.state.submissions))
+        if self.state.skipped:
+            self._say(f"skipped {len(self.state.skipped)} folder{'s' * (len(self.state.skipped) != 1)} that --impl "
+                      f"matched and that hold no tests/adapters.py or adapters.py: "
+                      + ", ".join(str(p) for p in self.state.skipped))
 
     def pytest_generate_tests(self, metafunc):
         if "submission" in metafunc.fixturenames:
@@ -314,5 +321,11 @@ class GradingPlugin(Recording):
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
+        members = (store.read_class(self.state.reports) or {}).get("submissions")
+        if others := left_out(self.state.reports, members):
+            terminalreporter.write_line(
+                f"its class page lists this run's submissions; {len(others)} graded into {self.state.reports} "
+                f"before {'is' if len(others) == 1 else 'are'} left out ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}): --keep-others lists them too")
         if self._failures_not_shown:
             terminalreporter.write_line("why each check failed: in the reports (or here, with --tb=short)")

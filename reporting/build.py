@@ -1,6 +1,6 @@
 """Build the HTML reports, grades.csv and gradescope_scores.csv from reports/*/results.json.
 
-    python -m reporting --reports reports [--student-view]
+    python -m reporting --reports reports [--student-view] [--keep-others]
 
 Output depends only on the input files (no timestamps, sorted order), so rebuilding gives
 byte-identical files and the reports can be diffed between grading runs.
@@ -17,6 +17,8 @@ from pathlib import Path
 
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
+
+from grading.results import store
 
 from . import classstats, plots
 from .page_model import HIDDEN_VISIBILITY, load_all
@@ -158,20 +160,30 @@ def gradescope_csv(submissions) -> tuple[str, list]:
     return out.getvalue(), warnings
 
 
-def build_reports(reports_dir: Path, student_view: bool = False) -> list:
-    """Write <name>/index.html for each results.json, then index.html, grades.csv and
-    gradescope_scores.csv (warning on stderr about rows not ready to upload).
+def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bool = False,
+                  warn: bool = False) -> list:
+    """Write <name>/index.html for each submission of the class, then index.html, grades.csv and
+    gradescope_scores.csv. The class is what DIR/class.json lists (the last grading run's
+    submissions), or every DIR/<name>/results.json where no run wrote one; keep_others makes every
+    submission graded into DIR part of it. The rows not ready for Gradescope's upload are said on
+    the class page, and with `warn` on stderr too (build-reports by hand: a grading run stays quiet).
 
     The class page and grades.csv are staff documents and always use every check; the student
     view only changes the per-submission pages.
     """
     reports_dir = Path(reports_dir)
+    known = store.read_class(reports_dir)
+    if keep_others:
+        known = store.write_class(reports_dir, known["submissions"] if known else [],
+                                  known["skipped"] if known else [], keep_others=True)
+    members = set(known["submissions"]) if known else None
     env = make_env()
     written = []
     page = env.get_template("submission.html.j2")
-    for sub in load_all(reports_dir, student_view=student_view):
+    for sub in load_all(reports_dir, student_view=student_view, names=members):
         _write(reports_dir / sub.name / "index.html", page.render(sub=sub), written)
-    everyone = load_all(reports_dir)
+    everyone = load_all(reports_dir, names=members)
+    scores, warnings = gradescope_csv(everyone)
     sort_js = resources.files("reporting").joinpath("templates/sort.js").read_text(encoding="utf-8")
     class_page = env.get_template("class.html.j2").render(
         sort_js=Markup(sort_js),  # our own code, not data: it must not be HTML-escaped
@@ -181,14 +193,23 @@ def build_reports(reports_dir: Path, student_view: bool = False) -> list:
         histogram=plots.histogram_svg(classstats.histogram(everyone)),
         check_rates=classstats.check_rates(everyone),
         family_rates=classstats.family_rates(everyone),
+        skipped=known["skipped"] if known else [],
+        left_out=left_out(reports_dir, members),
+        upload_warnings=warnings,
     )
     _write(reports_dir / "index.html", class_page, written)
     _write(reports_dir / "grades.csv", grades_csv(everyone), written)
-    scores, warnings = gradescope_csv(everyone)
     _write(reports_dir / "gradescope_scores.csv", scores, written)
-    for line in warnings:
+    for line in warnings if warn else ():
         print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
+
+
+def left_out(reports_dir: Path, members) -> list:
+    """The submissions graded into `reports_dir` that its class leaves out (earlier runs'), by name."""
+    if members is None:
+        return []
+    return [name for name in store.graded_folders(reports_dir) if name not in members]
 
 
 def _csp_hash(script: str) -> str:
@@ -211,14 +232,17 @@ def main(argv=None) -> int:
                         help="folder holding <name>/results.json (default: reports)")
     parser.add_argument("--student-view", action="store_true",
                         help="leave hidden checks out of the per-submission pages")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="make every submission graded into the folder part of its class (default: the class "
+                             "the last grading run wrote, DIR/class.json)")
     args = parser.parse_args(argv)
     if not args.reports.is_dir():
         print(f"build-reports: {args.reports} is not a folder", file=sys.stderr)
         return 2
-    written = build_reports(args.reports, student_view=args.student_view)
+    written = build_reports(args.reports, student_view=args.student_view, keep_others=args.keep_others, warn=True)
     pages = len(written) - 3
     if pages == 0:
         print(f"build-reports: no {args.reports}/*/results.json found", file=sys.stderr)
-    print(f"build-reports: {pages} submission page(s), {args.reports / 'index.html'}, "
+    print(f"build-reports: {pages} submission page{'s' * (pages != 1)}, {args.reports / 'index.html'}, "
           f"{args.reports / 'grades.csv'}, {args.reports / 'gradescope_scores.csv'}")
     return 0

@@ -339,5 +339,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
     )
 
 
-def load_all(reports_dir: Path, student_view: bool = False) -> list:
-    return [load_report(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))]
+def load_all(reports_dir: Path, student_view: bool = False, names=None) -> list:
+    """Every <name>/results.json of the folder, by name; `names`: only those submissions."""
+    return [load_report(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))
+            if names is None or p.parent.name in names]
