@@ -34,6 +34,7 @@ from grading.check import check_id
 from grading.durations import Durations
 from grading.recording import Recording, submission_of
 from grading.results import store
+from grading.results.record import points
 from grading.session import GRADING, Grading, environment
 from reporting.build import build_reports, left_out
 
@@ -71,6 +72,7 @@ class GradingPlugin(Recording):
         self.modules = set()
         self._collected_sent = False
         self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
+        self.clock = {}  # submission name -> [its first test's start, its last test's end] (time.time, controller)
         self.durations = Durations()  # controller only
         self._runner_seen = set()
         self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
@@ -272,8 +274,8 @@ class GradingPlugin(Recording):
         if self.pending[name] == 0:
             done = sum(1 for v in self.pending.values() if v <= 0)
             graded = self._assemble(name)
-            self._say(f"[{done} of {len(self.pending)} submissions done] {name}: "
-                      f"{graded['score']:g} / {graded['max_score']:g}"
+            self._say(f"[{done} of {len(self.pending)} submission{'s' * (len(self.pending) != 1)} done] {name}: "
+                      f"{points(graded['score'])} / {points(graded['max_score'])}"
                       + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""))
 
     def _show_rubric(self):
@@ -316,7 +318,7 @@ class GradingPlugin(Recording):
             return
         terminalreporter.section("grades")
         for name, score, max_score, output in self.summary:
-            terminalreporter.write_line(f"{name:30s} {score:7.2f} / {max_score:6.2f}   {output}")
+            terminalreporter.write_line(f"{name:30s} {points(score):>7s} / {points(max_score):<6s}   {output}")
         for line in self.durations.lines():
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "

@@ -141,15 +141,20 @@ class Grading:
                                                     gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
-    def fail_if_stub(self, check, submission, function: str):
-        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
-        unless the adapters do not even import: that, not the stub, is then the finding."""
-        if function not in self.stubs[submission.name]:
-            return
+    def fail_if_unimportable(self, check, submission):
+        """Fail `check` with the import error when the submission's adapters do not import: every
+        check of every part then says that one sentence, whatever the check or its part would
+        otherwise find (a stub, an adapter missing, a GPU needed). Starts the runner if none ran yet."""
         runner = self.runner(submission)
-        if (failure := runner.import_failure()) is not None:
+        if (failure := runner.adapters_failure()) is not None:
             self.note_runner(submission, runner, failure)
             check.settle_reply(failure)
+
+    def fail_if_stub(self, check, submission, function: str):
+        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub
+        (the check fixture has already failed it if the adapters do not even import)."""
+        if function not in self.stubs[submission.name]:
+            return
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 

@@ -19,16 +19,15 @@ from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
 from grading.results import store
+from grading.results.record import points
 
 from . import classstats, plots
 from .page_model import HIDDEN_VISIBILITY, load_all
 
 
 def _points(x) -> str:
-    """12.5 -> "12.5", 20.0 -> "20": points are shown without trailing zeros."""
-    if x is None:
-        return "—"
-    return f"{float(x):.2f}".rstrip("0").rstrip(".")
+    """12.5 -> "12.5", 20.0 -> "20" (record.points, as everywhere); None -> a dash."""
+    return "—" if x is None else points(x)
 
 
 def make_env() -> Environment:
@@ -67,21 +66,29 @@ def _identity(sub) -> list:
     return [_cell(", ".join(s[key] for s in sub.students if s[key])) for key in ("name", "sid", "email")]
 
 
+STATES = ("final", "provisional", "incomplete", "ungradable")  # grades.csv's `state`, one per submission
+
+
+def state(sub) -> str:
+    """incomplete (a check the grader failed on or never ran, or results.json unreadable: regrade),
+    ungradable (the adapters do not import: the total is 0, and final), provisional (checks that
+    need a GPU were not graded on this machine and count 0), or final."""
+    if sub.incomplete:
+        return "incomplete"
+    return "ungradable" if sub.ungradable else "provisional" if sub.provisional else "final"
+
+
 def grades_csv(submissions) -> str:
-    """One row per submission: name, student, student_id and email (a group's joined with ", "),
-    then <part> and <part>_max for each part (both blank where the part was not graded on the
-    machine that graded it, or the submission has no such part: unknown, not 0), total, max and
-    seed, then, for each part that has advice anywhere in the class, <part>_requirements and
-    <part>_advice (blank where a results.json does not say), then the submission's notes, then
-    `complete`: "no" where the total is not final (a check the grader itself failed on, or one
-    never run; regrade), and then that total reads "<points> (incomplete)", so it cannot pass
-    for a grade; "provisional" where checks that need a GPU were not graded on this machine
-    (they count 0), and then the total reads "<points> (provisional)"."""
+    """One row per submission, every score a plain number a spreadsheet reads as one: name,
+    student, student_id and email (a group's joined with ", "), then <part> and <part>_max for
+    each part (both blank, not 0, where the part was not graded on the machine that graded it, or
+    the submission has no such part: unknown), total, max, `state` (STATES: whether the total is
+    final), seed, then <part>_requirements and <part>_advice for each part (the part's points on
+    the course's requirements and on advice, beyond the handout; 0 advice for a part with none;
+    blank where the part is, or where an older results.json does not say), then the notes."""
     part_keys = []
     for sub in submissions:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
-    advice_keys = [k for k in part_keys
-                   if any(p.key == k and p.advice_max_score is not None for sub in submissions for p in sub.parts)]
 
     def graded(sub, key):
         return next((p for p in sub.parts if p.key == key and p.graded), None)
@@ -92,21 +99,18 @@ def grades_csv(submissions) -> str:
             return ""
         return _points(part.requirement_score if side == "requirements" else part.advice_score)
 
-    def total(sub):
-        return _points(sub.score) + (" (incomplete)" if sub.incomplete else " (provisional)" if sub.provisional else "")
-
     # The columns, each a header and how a submission fills it: the header row and every row come from this list.
     columns = [("name", lambda sub: sub.name),
                *((key, lambda sub, i=i: _identity(sub)[i]) for i, key in enumerate(("student", "student_id", "email"))),
                *((header, lambda sub, key=key, attr=attr: "" if (part := graded(sub, key)) is None
                   else _points(getattr(part, attr)))
                  for key in part_keys for header, attr in ((key, "score"), (f"{key}_max", "max_score"))),
-               ("total", total), ("max", lambda sub: _points(sub.max_score)),
+               ("total", lambda sub: _points(sub.score)), ("max", lambda sub: _points(sub.max_score)),
+               ("state", state),
                ("seed", lambda sub: "" if sub.seed is None else sub.seed),
                *((f"{key}_{side}", lambda sub, key=key, side=side: split(sub, key, side))
-                 for key in advice_keys for side in ("requirements", "advice")),
-               ("notes", lambda sub: " ".join(sub.notes)),
-               ("complete", lambda sub: "no" if sub.incomplete else "provisional" if sub.provisional else "yes")]
+                 for key in part_keys for side in ("requirements", "advice")),
+               ("notes", lambda sub: " ".join(sub.notes))]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([header for header, _ in columns])
