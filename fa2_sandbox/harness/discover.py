@@ -200,7 +200,7 @@ def why_not_a_submission(path: Path, given: str) -> str | None:
             hint = f" (name the folder that holds it: --impl {repo})"
         return f"--impl {given} is a file; expected {EXPECTED}{hint}."
     if (problem := load_submission(path).problem) is not None:
-        return f"--impl {given} is not a submission folder (a course repo): {problem}."
+        return f"--impl {given}: {problem}; expected a submission folder (a course repo) with its adapters file there."
     return None
 
 

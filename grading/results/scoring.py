@@ -105,8 +105,9 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     max_score = sum(p["max_score"] for p in parts.values())
     scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
     failed = [t for t in scored if t["status"] == "failed"]
-    summary = info.get("ungradable") or (f"{len(failed)} of {len(scored)} checks failed." if failed
-                                         else f"All {len(scored)} checks passed.")
+    checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
+    summary = info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
+                                         else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
     provisional = bool(not_here) and not info.get("ungradable")  # ungradable says all there is to say
     if provisional:
         waiting = sum(r.max_score for r in not_here)
