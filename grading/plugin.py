@@ -158,8 +158,6 @@ class GradingPlugin(Recording):
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **{key: old[key] for key in ("runner_log_tail", "runner_logs") if old.get(key)}}
             store.write_info(self.state.reports, s.name, self.info[s.name])
-        store.write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
-                          keep_others=self.config.getoption("--keep-others"))
         count = len(self.state.submissions)
         self._say(f"grading {count} submission{'s' * (count != 1)} with seed {self.state.seed}: "
                   + ", ".join(s.name for s in self.state.submissions))
@@ -310,6 +308,10 @@ class GradingPlugin(Recording):
             graded = self._assemble(s.name)
             summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         self.summary = summary
+        # The class of the folder is this run's, written with its pages: a run that stopped before
+        # grading (no check collected, a usage error) leaves the last run's class as it was.
+        store.write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
+                          keep_others=self.config.getoption("--keep-others"))
         build_reports(self.state.reports, student_view=self.config.getoption("--student-view"))
         self.durations.mark("reports written")
 

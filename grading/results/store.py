@@ -10,7 +10,7 @@ temporary file that then replaces it, so a reader never sees half of one):
   .seed                      the controller that first grades into the folder (secret_seed): the
                              base seed of every input, unless --seed gives one; readable by the
                              grader's user only, never by a runner.
-  class.json                 the controller at session start (write_class), `fa2-grade slurm-finish`
+  class.json                 the controller at session end (write_class), `fa2-grade slurm-finish`
                              and `build-reports --keep-others`: the class, the submissions the class
                              page, grades.csv and gradescope_scores.csv list (the run's, and with
                              --keep-others every other one already graded into the folder), and the
