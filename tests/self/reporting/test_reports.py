@@ -698,3 +698,26 @@ def test_isolation_is_said_in_words_never_silently(tmp_path):
         (reports / "bob" / "index.html").read_text()
     assert "<dt>isolation</dt><dd>—</dd>" in (reports / "carol" / "index.html").read_text()
     assert "1 graded with their code NOT isolated" in (reports / "index.html").read_text()
+
+
+def test_the_class_is_what_class_json_lists_and_keep_others_adds_the_rest(tmp_path, capsys):
+    """A grading run writes DIR/class.json (grading/results/store.py write_class); the pages list
+    its submissions only, name the others as left out, and `build-reports --keep-others` lists them
+    all without grading. A folder without class.json (an older grader's) is every submission."""
+    from grading.results import store
+
+    reports = copy_fixtures(tmp_path / "reports")
+    store.write_class(reports, ["alice", "bob"], skipped=["class/handouts"])
+    build_reports(reports)
+    html = (reports / "index.html").read_text()
+    assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == ["alice", "bob"]
+    assert "<title>Class report · 2 submissions</title>" in html
+    assert "3 submissions graded into this folder by earlier runs (carol, dave, erin)" in html
+    assert "Not graded: 1 folder" in html and "class/handouts" in html
+    with open(reports / "grades.csv", newline="") as f:
+        assert [r["name"] for r in csv.DictReader(f)] == ["alice", "bob"]
+    assert main(["--reports", str(reports), "--keep-others"]) == 0
+    assert "5 submission pages" in capsys.readouterr().out
+    html = (reports / "index.html").read_text()
+    assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == NAMES and 'id="left-out"' not in html
+    assert store.read_class(reports) == {"submissions": NAMES, "skipped": ["class/handouts"]}
