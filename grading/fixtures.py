@@ -21,8 +21,10 @@ def check(request, grading, submission):
     """Factory: check(part, name, case="", tier="default") -> Check, recorded for this test.
 
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
-    `.to_json()`), whose fields the record then carries as data, or (id, case) for both."""
+    `.to_json()`), whose fields the record then carries as data, or (id, case) for both.
+    A submission whose adapters do not import fails the check here, with the import error."""
     def make(part, name, case="", tier="default"):
         request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
+        grading.fail_if_unimportable(request.node.grading_check, submission)
         return request.node.grading_check
     return make

@@ -34,8 +34,9 @@ from grading.check import check_id
 from grading.durations import Durations
 from grading.recording import Recording, submission_of
 from grading.results import store
+from grading.results.record import points
 from grading.session import GRADING, Grading, environment
-from reporting.build import build_reports
+from reporting.build import build_reports, left_out
 
 CHECKS = Path(__file__).resolve().with_name("checks")
 
@@ -71,6 +72,7 @@ class GradingPlugin(Recording):
         self.modules = set()
         self._collected_sent = False
         self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
+        self.clock = {}  # submission name -> [its first test's start, its last test's end] (time.time, controller)
         self.durations = Durations()  # controller only
         self._runner_seen = set()
         self._probe = None  # controller only: the isolation probe its workers share (shared_probe.py)
@@ -156,8 +158,13 @@ class GradingPlugin(Recording):
                 "environment": environment(self.state.on_gpu), "notes": s.notes,
                 **{key: old[key] for key in ("runner_log_tail", "runner_logs") if old.get(key)}}
             store.write_info(self.state.reports, s.name, self.info[s.name])
-        names = ", ".join(s.name for s in self.state.submissions) or "none"
-        self._say(f"grading {len(self.state.submissions)} submission(s) with seed {self.state.seed}: {names}")
+        count = len(self.state.submissions)
+        self._say(f"grading {count} submission{'s' * (count != 1)} with seed {self.state.seed}: "
+                  + ", ".join(s.name for s in self.state.submissions))
+        if self.state.skipped:
+            self._say(f"skipped {len(self.state.skipped)} folder{'s' * (len(self.state.skipped) != 1)} that --impl "
+                      f"matched and that hold no tests/adapters.py or adapters.py: "
+                      + ", ".join(str(p) for p in self.state.skipped))
 
     def pytest_generate_tests(self, metafunc):
         if "submission" in metafunc.fixturenames:
@@ -265,8 +272,8 @@ class GradingPlugin(Recording):
         if self.pending[name] == 0:
             done = sum(1 for v in self.pending.values() if v <= 0)
             graded = self._assemble(name)
-            self._say(f"[{done} of {len(self.pending)} submissions done] {name}: "
-                      f"{graded['score']:g} / {graded['max_score']:g}"
+            self._say(f"[{done} of {len(self.pending)} submission{'s' * (len(self.pending) != 1)} done] {name}: "
+                      f"{points(graded['score'])} / {points(graded['max_score'])}"
                       + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""))
 
     def _show_rubric(self):
@@ -301,6 +308,10 @@ class GradingPlugin(Recording):
             graded = self._assemble(s.name)
             summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         self.summary = summary
+        # The class of the folder is this run's, written with its pages: a run that stopped before
+        # grading (no check collected, a usage error) leaves the last run's class as it was.
+        store.write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
+                          keep_others=self.config.getoption("--keep-others"))
         build_reports(self.state.reports, student_view=self.config.getoption("--student-view"))
         self.durations.mark("reports written")
 
@@ -309,10 +320,16 @@ class GradingPlugin(Recording):
             return
         terminalreporter.section("grades")
         for name, score, max_score, output in self.summary:
-            terminalreporter.write_line(f"{name:30s} {score:7.2f} / {max_score:6.2f}   {output}")
+            terminalreporter.write_line(f"{name:30s} {points(score):>7s} / {points(max_score):<6s}   {output}")
         for line in self.durations.lines():
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
+        members = (store.read_class(self.state.reports) or {}).get("submissions")
+        if others := left_out(self.state.reports, members):
+            terminalreporter.write_line(
+                f"its class page lists this run's submissions; {len(others)} graded into {self.state.reports} "
+                f"before {'is' if len(others) == 1 else 'are'} left out ({', '.join(others[:5])}"
+                f"{', ...' if len(others) > 5 else ''}): --keep-others lists them too")
         if self._failures_not_shown:
             terminalreporter.write_line("why each check failed: in the reports (or here, with --tb=short)")

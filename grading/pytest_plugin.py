@@ -52,7 +52,12 @@ def pytest_addoption(parser):
                          "and kept in DIR/.seed, so a regrade repeats it)")
     group.addoption("--rubric", default=None, metavar="FILE",
                     help="rubric YAML (default: the grader's own, grading/rubric.yaml)")
-    group.addoption("--reports", default="reports", metavar="DIR", help="where results and pages go")
+    group.addoption("--reports", default="reports", metavar="DIR",
+                    help="where results, pages and grades.csv go; one folder per class (default: reports, in the "
+                         "folder the run starts in)")
+    group.addoption("--keep-others", action="store_true",
+                    help="list the submissions graded into DIR by earlier runs on the class page too (default: "
+                         "the class page, grades.csv and gradescope_scores.csv list this run's submissions only)")
     group.addoption("--student-view", action="store_true", help="leave hidden checks out of the pages")
 
 

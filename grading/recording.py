@@ -148,6 +148,9 @@ class Recording:
             self._note_runner(facts)
         if name := sent.get("grading_submission"):
             self.durations.add(name, report.nodeid, report.duration, sent.get("grading_check"))
+            if report.start and report.stop:  # this session's span of the submission's tests: its wall clock
+                span = self.clock.setdefault(name, [report.start, report.stop])
+                span[:] = [min(span[0], report.start), max(span[1], report.stop)]
         if (sent_record := sent.get("grading_check")) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 self._say(f"{report.nodeid}: failed without a result (worker crash?)")
@@ -187,4 +190,7 @@ class Recording:
                                           self.modules)
 
     def _assemble(self, name):
+        if name in self.clock and name in self.info:  # the wall clock from its first test to its last, this session
+            self.info[name]["wall_seconds"] = round(self.clock[name][1] - self.clock[name][0], 1)
+            store.write_info(self.state.reports, name, self.info[name])
         return scoring.assemble(self.state.reports, name, self.state.rubric)

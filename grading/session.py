@@ -13,7 +13,7 @@ import torch
 
 from fa2_sandbox.harness import kernel_cache
 from fa2_sandbox.harness.client import SubmissionRunner
-from fa2_sandbox.harness.discover import defined_functions, find_submissions, stub_functions
+from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
 from grading import shards
@@ -36,6 +36,13 @@ class Grading:
             self.rubric = Rubric(config.getoption("--rubric"))
         except RubricError as exc:  # pytest prints it, without a traceback, and exits with status 4
             raise pytest.UsageError(str(exc)) from None
+        # Before anything is written (the reports folder, its seed): a path that is no submission
+        # stops the run here, with exit status 4.
+        self.skipped = []  # folders a glob matched that hold no adapters file, left out
+        try:
+            self.submissions = find_submissions(config.getoption("--impl"), self.skipped)
+        except NotASubmission as exc:
+            raise pytest.UsageError(str(exc)) from None
         self.reports = Path(config.getoption("--reports"))
         self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
@@ -52,7 +59,6 @@ class Grading:
         if os.environ.get("PYTEST_XDIST_WORKER") and self.on_gpu:
             device = torch.device("cuda", torch.cuda.current_device())
             threading.Thread(target=warm_up_cuda, args=(device,), name="warm-up-cuda", daemon=True).start()
-        self.submissions = find_submissions(config.getoption("--impl"))
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
         # On a GPU, under xdist, several workers share one submission (grading/shards.py);
@@ -135,15 +141,20 @@ class Grading:
                                                     gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
-    def fail_if_stub(self, check, submission, function: str):
-        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub,
-        unless the adapters do not even import: that, not the stub, is then the finding."""
-        if function not in self.stubs[submission.name]:
-            return
+    def fail_if_unimportable(self, check, submission):
+        """Fail `check` with the import error when the submission's adapters do not import: every
+        check of every part then says that one sentence, whatever the check or its part would
+        otherwise find (a stub, an adapter missing, a GPU needed). Starts the runner if none ran yet."""
         runner = self.runner(submission)
-        if (failure := runner.import_failure()) is not None:
+        if (failure := runner.adapters_failure()) is not None:
             self.note_runner(submission, runner, failure)
             check.settle_reply(failure)
+
+    def fail_if_stub(self, check, submission, function: str):
+        """Fail `check` as not attempted when `function` is the template's NotImplementedError stub
+        (the check fixture has already failed it if the adapters do not even import)."""
+        if function not in self.stubs[submission.name]:
+            return
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 

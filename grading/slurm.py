@@ -28,7 +28,7 @@ import sys
 from pathlib import Path
 
 from fa2_sandbox import PROJECT_ROOT
-from fa2_sandbox.harness.discover import find_submissions
+from fa2_sandbox.harness.discover import NotASubmission, find_submissions
 
 
 def run_folder(reports: Path) -> Path:
@@ -46,8 +46,10 @@ def task_script(reports: Path, shares: int, args, extra: list) -> str:
     options += [f"--partition={args.partition}"] if args.partition else []
     options += [f"--gpus-per-task={args.gpus_per_task}"] if args.gpus_per_task else []
     workers = args.workers or args.cpus_per_task  # the task's own cores, not the node's
+    # --keep-others: a task's own page build lists what the other tasks graded too; the finishing
+    # job then makes the class exactly the job's submissions.
     pytest = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", workers,
-              f"--reports={reports}", *extra]
+              f"--reports={reports}", "--keep-others", *extra]
     return "\n".join(
         ["#!/bin/bash"] + [f"#SBATCH {o}" for o in options] + [
             "# One share of the class per array task; the ordinary grader on it.",
@@ -90,10 +92,15 @@ def submit(args, extra: list) -> int:
         print(f"regrading task {args.regrade} ({', '.join(state['shares'][args.regrade])}): "
               f"array job {array}, then {finish} rebuilds the class page")
         return 0
-    subs = find_submissions(args.impl)
-    if not subs:
-        print(f"fa2-grade slurm: --impl {' '.join(args.impl)} matched no submission folder.", file=sys.stderr)
+    skipped = []
+    try:
+        subs = find_submissions(args.impl, skipped)
+    except NotASubmission as exc:
+        print("\n".join(f"fa2-grade slurm: {line}" for line in str(exc).splitlines()), file=sys.stderr)
         return 2
+    if skipped:
+        print(f"skipped {len(skipped)} folder{'s' * (len(skipped) != 1)} that --impl matched and that hold no "
+              f"tests/adapters.py or adapters.py: {', '.join(map(str, skipped))}")
     per_task = math.ceil(len(subs) / min(args.tasks or len(subs), len(subs)))
     shares = [[str(s.root) for s in subs[i:i + per_task]] for i in range(0, len(subs), per_task)]
     grade, finish = task_script(reports, len(shares), args, extra), finish_script(reports, args)
@@ -111,7 +118,8 @@ def submit(args, extra: list) -> int:
     array = sbatch(str(slurm / "grade.sbatch"))
     done = sbatch(f"--dependency=afterany:{array}", str(slurm / "finish.sbatch"), array)
     names = [[Path(p).name for p in share] for share in shares]
-    (slurm / "job.json").write_text(json.dumps({"array": array, "finish": done, "shares": names}, indent=1))
+    (slurm / "job.json").write_text(json.dumps({"array": array, "finish": done, "shares": names,
+                                               "skipped": [str(p) for p in skipped]}, indent=1))
     print(f"{len(subs)} submissions in {len(shares)} array tasks: job {array} (logs: {slurm}/task-{array}_T.log); "
           f"job {done} builds {reports}/index.html and grades.csv when they have all ended.")
     return 0
@@ -163,7 +171,9 @@ def finish(args) -> int:
         print(f"task {task}: {ended} ({len(state['shares'][task])} submissions)"
               + ("" if ended == "COMPLETED" else f"; regrade it alone: fa2-grade slurm --regrade {task} "
                                                  f"--reports {reports}"))
-    build_reports(reports)
+    # The class is the job's: every share, whatever else earlier runs left in the folder.
+    store.write_class(reports, [name for share in state["shares"] for name in share], state.get("skipped", []))
+    build_reports(reports, warn=True)
     print(f"class page: {reports}/index.html")
     return 0
 
@@ -172,18 +182,26 @@ def main(argv=None) -> int:
     parser = argparse.ArgumentParser(prog="fa2-grade", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     commands = parser.add_subparsers(dest="command", required=True)
-    slurm = commands.add_parser("slurm", help="grade a class as a Slurm array job (options after -- go to pytest)")
-    slurm.add_argument("--impl", action="append", default=[], metavar="PATH", help="submission folder or glob")
-    slurm.add_argument("--reports", required=True, metavar="DIR", help="on a file system every node sees")
-    slurm.add_argument("--tasks", type=int, default=None, help="array tasks (default: one per submission)")
-    slurm.add_argument("--partition", default=None)
-    slurm.add_argument("--gpus-per-task", default=None, help="e.g. 1 (left out: no GPU asked for)")
-    slurm.add_argument("--cpus-per-task", default="16")
-    slurm.add_argument("--time", default="02:00:00", help="each task's time limit")
-    slurm.add_argument("--workers", default=None, help="pytest-xdist's -n in each task (default: --cpus-per-task)")
-    slurm.add_argument("--job-name", default="fa2-grade")
-    slurm.add_argument("--rubric", default=None, help="also passed to the grader")
-    slurm.add_argument("--regrade", type=int, default=None, metavar="T", help="submit array task T again")
+    slurm = commands.add_parser("slurm", help="grade a class as a Slurm array job (options after -- go to pytest)",
+                                description="Grade a class as a Slurm array job; options after -- go to pytest.")
+    slurm.add_argument("--impl", action="append", default=[], metavar="PATH",
+                       help="submission folder or glob, repeatable (required unless --regrade)")
+    slurm.add_argument("--reports", required=True, metavar="DIR",
+                       help="the class's reports folder, on a file system every node sees (required)")
+    slurm.add_argument("--tasks", type=int, default=None, metavar="N",
+                       help="array tasks (default: one per submission)")
+    slurm.add_argument("--partition", default=None, help="Slurm partition (default: the cluster's default)")
+    slurm.add_argument("--gpus-per-task", default=None, metavar="G",
+                       help="GPUs per task, e.g. 1 (default: none asked for)")
+    slurm.add_argument("--cpus-per-task", default="16", metavar="C", help="cores per task (default: 16)")
+    slurm.add_argument("--time", default="02:00:00", help="each task's time limit (default: 02:00:00)")
+    slurm.add_argument("--workers", default=None, metavar="W",
+                       help="pytest-xdist's -n in each task (default: --cpus-per-task)")
+    slurm.add_argument("--job-name", default="fa2-grade", help="the jobs' name (default: fa2-grade)")
+    slurm.add_argument("--rubric", default=None, metavar="FILE",
+                       help="also passed to the grader (default: the grader's grading/rubric.yaml)")
+    slurm.add_argument("--regrade", type=int, default=None, metavar="T",
+                       help="submit array task T of the job in DIR again, alone")
     slurm.add_argument("--dry-run", action="store_true", help="print the sbatch scripts; submit nothing")
     done = commands.add_parser("slurm-finish", help="(the finishing job) mark dead tasks, build the class page")
     done.add_argument("--reports", required=True)

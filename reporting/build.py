@@ -1,6 +1,6 @@
 """Build the HTML reports, grades.csv and gradescope_scores.csv from reports/*/results.json.
 
-    python -m reporting --reports reports [--student-view]
+    python -m reporting --reports reports [--student-view] [--keep-others]
 
 Output depends only on the input files (no timestamps, sorted order), so rebuilding gives
 byte-identical files and the reports can be diffed between grading runs.
@@ -18,15 +18,16 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
+from grading.results import store
+from grading.results.record import points
+
 from . import classstats, plots
 from .page_model import HIDDEN_VISIBILITY, load_all
 
 
 def _points(x) -> str:
-    """12.5 -> "12.5", 20.0 -> "20": points are shown without trailing zeros."""
-    if x is None:
-        return "—"
-    return f"{float(x):.2f}".rstrip("0").rstrip(".")
+    """12.5 -> "12.5", 20.0 -> "20" (record.points, as everywhere); None -> a dash."""
+    return "—" if x is None else points(x)
 
 
 def make_env() -> Environment:
@@ -65,21 +66,29 @@ def _identity(sub) -> list:
     return [_cell(", ".join(s[key] for s in sub.students if s[key])) for key in ("name", "sid", "email")]
 
 
+STATES = ("final", "provisional", "incomplete", "ungradable")  # grades.csv's `state`, one per submission
+
+
+def state(sub) -> str:
+    """incomplete (a check the grader failed on or never ran, or results.json unreadable: regrade),
+    ungradable (the adapters do not import: the total is 0, and final), provisional (checks that
+    need a GPU were not graded on this machine and count 0), or final."""
+    if sub.incomplete:
+        return "incomplete"
+    return "ungradable" if sub.ungradable else "provisional" if sub.provisional else "final"
+
+
 def grades_csv(submissions) -> str:
-    """One row per submission: name, student, student_id and email (a group's joined with ", "),
-    then <part> and <part>_max for each part (both blank where the part was not graded on the
-    machine that graded it, or the submission has no such part: unknown, not 0), total, max and
-    seed, then, for each part that has advice anywhere in the class, <part>_requirements and
-    <part>_advice (blank where a results.json does not say), then the submission's notes, then
-    `complete`: "no" where the total is not final (a check the grader itself failed on, or one
-    never run; regrade), and then that total reads "<points> (incomplete)", so it cannot pass
-    for a grade; "provisional" where checks that need a GPU were not graded on this machine
-    (they count 0), and then the total reads "<points> (provisional)"."""
+    """One row per submission, every score a plain number a spreadsheet reads as one: name,
+    student, student_id and email (a group's joined with ", "), then <part> and <part>_max for
+    each part (both blank, not 0, where the part was not graded on the machine that graded it, or
+    the submission has no such part: unknown), total, max, `state` (STATES: whether the total is
+    final), seed, then <part>_requirements and <part>_advice for each part (the part's points on
+    the course's requirements and on advice, beyond the handout; 0 advice for a part with none;
+    blank where the part is, or where an older results.json does not say), then the notes."""
     part_keys = []
     for sub in submissions:
         part_keys += [p.key for p in sub.parts if p.key not in part_keys]
-    advice_keys = [k for k in part_keys
-                   if any(p.key == k and p.advice_max_score is not None for sub in submissions for p in sub.parts)]
 
     def graded(sub, key):
         return next((p for p in sub.parts if p.key == key and p.graded), None)
@@ -90,21 +99,18 @@ def grades_csv(submissions) -> str:
             return ""
         return _points(part.requirement_score if side == "requirements" else part.advice_score)
 
-    def total(sub):
-        return _points(sub.score) + (" (incomplete)" if sub.incomplete else " (provisional)" if sub.provisional else "")
-
     # The columns, each a header and how a submission fills it: the header row and every row come from this list.
     columns = [("name", lambda sub: sub.name),
                *((key, lambda sub, i=i: _identity(sub)[i]) for i, key in enumerate(("student", "student_id", "email"))),
                *((header, lambda sub, key=key, attr=attr: "" if (part := graded(sub, key)) is None
                   else _points(getattr(part, attr)))
                  for key in part_keys for header, attr in ((key, "score"), (f"{key}_max", "max_score"))),
-               ("total", total), ("max", lambda sub: _points(sub.max_score)),
+               ("total", lambda sub: _points(sub.score)), ("max", lambda sub: _points(sub.max_score)),
+               ("state", state),
                ("seed", lambda sub: "" if sub.seed is None else sub.seed),
                *((f"{key}_{side}", lambda sub, key=key, side=side: split(sub, key, side))
-                 for key in advice_keys for side in ("requirements", "advice")),
-               ("notes", lambda sub: " ".join(sub.notes)),
-               ("complete", lambda sub: "no" if sub.incomplete else "provisional" if sub.provisional else "yes")]
+                 for key in part_keys for side in ("requirements", "advice")),
+               ("notes", lambda sub: " ".join(sub.notes))]
     out = io.StringIO()
     writer = csv.writer(out, lineterminator="\n")
     writer.writerow([header for header, _ in columns])
@@ -158,20 +164,30 @@ def gradescope_csv(submissions) -> tuple[str, list]:
     return out.getvalue(), warnings
 
 
-def build_reports(reports_dir: Path, student_view: bool = False) -> list:
-    """Write <name>/index.html for each results.json, then index.html, grades.csv and
-    gradescope_scores.csv (warning on stderr about rows not ready to upload).
+def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bool = False,
+                  warn: bool = False) -> list:
+    """Write <name>/index.html for each submission of the class, then index.html, grades.csv and
+    gradescope_scores.csv. The class is what DIR/class.json lists (the last grading run's
+    submissions), or every DIR/<name>/results.json where no run wrote one; keep_others makes every
+    submission graded into DIR part of it. The rows not ready for Gradescope's upload are said on
+    the class page, and with `warn` on stderr too (build-reports by hand: a grading run stays quiet).
 
     The class page and grades.csv are staff documents and always use every check; the student
     view only changes the per-submission pages.
     """
     reports_dir = Path(reports_dir)
+    known = store.read_class(reports_dir)
+    if keep_others:
+        known = store.write_class(reports_dir, known["submissions"] if known else [],
+                                  known["skipped"] if known else [], keep_others=True)
+    members = set(known["submissions"]) if known else None
     env = make_env()
     written = []
     page = env.get_template("submission.html.j2")
-    for sub in load_all(reports_dir, student_view=student_view):
+    for sub in load_all(reports_dir, student_view=student_view, names=members):
         _write(reports_dir / sub.name / "index.html", page.render(sub=sub), written)
-    everyone = load_all(reports_dir)
+    everyone = load_all(reports_dir, names=members)
+    scores, warnings = gradescope_csv(everyone)
     sort_js = resources.files("reporting").joinpath("templates/sort.js").read_text(encoding="utf-8")
     class_page = env.get_template("class.html.j2").render(
         sort_js=Markup(sort_js),  # our own code, not data: it must not be HTML-escaped
@@ -181,14 +197,23 @@ def build_reports(reports_dir: Path, student_view: bool = False) -> list:
         histogram=plots.histogram_svg(classstats.histogram(everyone)),
         check_rates=classstats.check_rates(everyone),
         family_rates=classstats.family_rates(everyone),
+        skipped=known["skipped"] if known else [],
+        left_out=left_out(reports_dir, members),
+        upload_warnings=warnings,
     )
     _write(reports_dir / "index.html", class_page, written)
     _write(reports_dir / "grades.csv", grades_csv(everyone), written)
-    scores, warnings = gradescope_csv(everyone)
     _write(reports_dir / "gradescope_scores.csv", scores, written)
-    for line in warnings:
+    for line in warnings if warn else ():
         print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
+
+
+def left_out(reports_dir: Path, members) -> list:
+    """The submissions graded into `reports_dir` that its class leaves out (earlier runs'), by name."""
+    if members is None:
+        return []
+    return [name for name in store.graded_folders(reports_dir) if name not in members]
 
 
 def _csp_hash(script: str) -> str:
@@ -211,14 +236,17 @@ def main(argv=None) -> int:
                         help="folder holding <name>/results.json (default: reports)")
     parser.add_argument("--student-view", action="store_true",
                         help="leave hidden checks out of the per-submission pages")
+    parser.add_argument("--keep-others", action="store_true",
+                        help="make every submission graded into the folder part of its class (default: the class "
+                             "the last grading run wrote, DIR/class.json)")
     args = parser.parse_args(argv)
     if not args.reports.is_dir():
         print(f"build-reports: {args.reports} is not a folder", file=sys.stderr)
         return 2
-    written = build_reports(args.reports, student_view=args.student_view)
+    written = build_reports(args.reports, student_view=args.student_view, keep_others=args.keep_others, warn=True)
     pages = len(written) - 3
     if pages == 0:
         print(f"build-reports: no {args.reports}/*/results.json found", file=sys.stderr)
-    print(f"build-reports: {pages} submission page(s), {args.reports / 'index.html'}, "
+    print(f"build-reports: {pages} submission page{'s' * (pages != 1)}, {args.reports / 'index.html'}, "
           f"{args.reports / 'grades.csv'}, {args.reports / 'gradescope_scores.csv'}")
     return 0

@@ -9,6 +9,7 @@ Parts come in the order results.json lists them (the rubric's, as scoring.assemb
 them), labelled as it labels them, the part's key standing in for a missing label.
 """
 import json
+import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -80,7 +81,8 @@ class SubmissionReport:
     ungradable: str | None
     runner_log: str
     output: str
-    execution_time: float | None
+    wall_seconds: float | None  # its grading run's wall clock, from its first check to its last; None if unknown
+    check_seconds: float | None  # its checks' own times, summed (they overlap under -n)
     checks: list  # [CheckRecord]
     student_view: bool = False
     hidden_count: int = 0
@@ -116,6 +118,11 @@ class SubmissionReport:
     student_id: str | None = None  # a group's joined with ", ", like `student`
     email: str | None = None
     students: list = field(default_factory=list)  # [{"name", "sid", "email"}] (None where unknown), one a member
+
+    @property
+    def runner_output(self) -> dict:
+        """The runner log split by who wrote each line (split_runner_log)."""
+        return split_runner_log(self.runner_log)
 
     @property
     def incomplete_reason(self):
@@ -222,6 +229,33 @@ class SubmissionReport:
         return self.score / self.max_score if self.max_score else None
 
 
+# Lines of a runner's log that its own code did not print: the grader's notes ("[grader] ...", the
+# runner's "[runner] ...", "--- the runner of <shard> ---" between shards' logs), torch's C++ log
+# ("[W1128 02:48:10.716180679 socket.cpp:207] [c10d] The hostname of the client socket cannot be
+# retrieved", glog's prefix: severity, date, time, file:line) and warnings raised in torch's or
+# Triton's Python (their source line after them, indented).
+GRADER_LINE = re.compile(r"^(\[grader\] |\[runner\] |--- the runner of .* ---$)")
+TORCH_LOG_LINE = re.compile(r"^\[[IWEF]\d{4} \d\d:\d\d:\d\d\.\d+ [^\]]*\] ")
+LIBRARY_WARNING = re.compile(r"^\S*[/\\](torch|triton)[/\\]\S*\.py:\d+: \w*Warning: ")
+
+
+def split_runner_log(text: str) -> dict:
+    """{"own": lines the submission printed, "torch": lines from torch or Triton, "grader": the
+    grader's notes}, each a text, from a runner log tail."""
+    found = {"own": [], "torch": [], "grader": []}
+    after_warning = False
+    for line in text.splitlines():
+        if GRADER_LINE.match(line):
+            kind = "grader"
+        elif TORCH_LOG_LINE.match(line) or LIBRARY_WARNING.match(line) or (after_warning and line[:1].isspace()):
+            kind = "torch"
+        else:
+            kind = "own"
+        after_warning = bool(LIBRARY_WARNING.match(line))
+        found[kind].append(line)
+    return {kind: "\n".join(lines).strip("\n") for kind, lines in found.items()}
+
+
 def _notes(value) -> list:
     """extra_data.notes: a list of sentences (a lone string is taken as one)."""
     if isinstance(value, str):
@@ -317,7 +351,8 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         return SubmissionReport(name=name, student=None, score=0.0, max_score=0.0, parts=[],
                                 environment=dict.fromkeys(ENVIRONMENT_KEYS), seed=None,
                                 ungradable=f"results.json could not be read: {exc}", runner_log="",
-                                output="", execution_time=None, checks=[], student_view=student_view,
+                                output="", wall_seconds=None, check_seconds=None, checks=[],
+                                student_view=student_view,
                                 incomplete=True)
     extra = as_dict(data.get("extra_data"))
     default_visibility = as_text(data.get("visibility")) or "visible"
@@ -336,7 +371,8 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
     else:
         score = as_number(data.get("score"), sum(c.score for c in checks))
         max_score = as_number(data.get("max_score"), sum(p.max_score for p in parts))
-    execution_time = data.get("execution_time")
+    # A results.json older than wall_seconds held the checks' summed times as execution_time.
+    check_seconds = extra.get("check_seconds", data.get("execution_time"))
     ungraded = _ungraded(extra.get("ungraded"), checks)
     hidden_ungraded = 0
     if student_view:  # a hidden check's name or test id is not for the student's page
@@ -355,17 +391,22 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
         ungradable=as_text(extra.get("ungradable")) or None,
         runner_log=as_text(extra.get("runner_log_tail")),
         output=as_text(data.get("output")),
-        execution_time=as_number(execution_time, None) if execution_time is not None else None,
+        wall_seconds=as_number(extra.get("wall_seconds"), None) if extra.get("wall_seconds") is not None else None,
+        check_seconds=as_number(check_seconds, None) if check_seconds is not None else None,
         checks=checks, student_view=student_view, hidden_count=hidden_count,
         stdout_visible=as_text(data.get("stdout_visibility")) == "visible",
         notes=_notes(extra.get("notes")),
         incomplete=incomplete, ungraded=ungraded, hidden_ungraded=hidden_ungraded,
         interrupted=as_text(extra.get("interrupted")) or None,
         checks_graded=_count(extra.get("checks_graded")), checks_expected=_count(extra.get("checks_expected")),
-        provisional=extra.get("provisional") is True or any(c.state == outcomes.STATE_NOT_HERE for c in checks),
+        # Ungradable says it all: its total is not also provisional.
+        provisional=not extra.get("ungradable") and (extra.get("provisional") is True
+                                                     or any(c.state == outcomes.STATE_NOT_HERE for c in checks)),
         isolation={k: as_text(v) for k, v in as_dict(extra.get("isolation")).items() if k in ("mode", "note")},
     )
 
 
-def load_all(reports_dir: Path, student_view: bool = False) -> list:
-    return [load_report(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))]
+def load_all(reports_dir: Path, student_view: bool = False, names=None) -> list:
+    """Every <name>/results.json of the folder, by name; `names`: only those submissions."""
+    return [load_report(p, student_view) for p in sorted(Path(reports_dir).glob("*/results.json"))
+            if names is None or p.parent.name in names]

@@ -309,6 +309,14 @@ class SubmissionRunner:
             return Reply(outcomes.IMPORT_ERROR, self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None
 
+    def adapters_failure(self) -> "Reply | None":
+        """What import_failure says, except that a runner whose adapters imported once is not started
+        again only to ask (stopped after a timeout, say: the calls that need it start it)."""
+        if self.process is None and self.ready is not None and not self.ready.get("import_error") \
+                and not self.submission.problem:
+            return None
+        return self.import_failure()
+
     def gpu_budget(self, request: dict, dense_backward: bool | None = None):
         """The GPU memory a request may use (FlashCase.gpu_budget_bytes), or None off the GPU;
         `dense_backward=False`: without room for N x N scores, what a tiled class needs."""

@@ -77,8 +77,10 @@ def load_submission(root: Path) -> Submission:
         notes.append("submission.yaml is not a mapping of settings (student: ..., adapters: ...); it was ignored.")
     candidates = [settings["adapters"]] if settings.get("adapters") else list(ADAPTER_LOCATIONS)
     adapters_file = next((c for c in candidates if (root / c).is_file()), None)
-    problem = None if adapters_file else (
-        f"no adapters file found: expected {' or '.join(candidates)} in {root.name}/")
+    problem = None
+    if adapters_file is None:
+        problem = (f"the folder holds no {candidates[0]}, the adapters file its submission.yaml names"
+                   if settings.get("adapters") else "the folder holds neither tests/adapters.py nor adapters.py")
     students = identify(root, settings, notes)
 
     def joined(key):
@@ -177,27 +179,64 @@ def environment_notes(root: Path) -> list[str]:
         return [f"The grader could not read the submission's pyproject.toml files ({exc!r})."]
 
 
-def looks_like_submission(path: Path) -> bool:
-    return path.is_dir() and any((path / p).is_file() for p in (*ADAPTER_LOCATIONS, "submission.yaml"))
+EXPECTED = "a submission folder (a course repo) holding tests/adapters.py or adapters.py"
+EXPECTED_GLOB = "a glob of submission folders (course repos), each holding tests/adapters.py or adapters.py"
 
 
-def find_submissions(patterns: list[str]) -> list[Submission]:
-    """Expand --impl values. A directory named outright is always graded (and reported as
-    ungradable if it holds no adapters); a glob keeps only the directories that look like
-    submissions, so `submissions/*` skips folders of other things."""
-    found = {}
+class NotASubmission(ValueError):
+    """--impl names something that is not a submission: one sentence per such path, each naming
+    the path and what was expected there. Nothing is graded then."""
+
+
+def why_not_a_submission(path: Path, given: str) -> str | None:
+    """The sentence that says why `path` (written `given` on the command line) is no submission,
+    or None when it is one (a folder holding its adapters file)."""
+    if not path.exists():
+        return f"--impl {given}: there is no such file or folder; expected {EXPECTED}."
+    if not path.is_dir():
+        hint = ""
+        if path.name == "adapters.py":  # the adapters file itself: its repo is the folder to name
+            repo = path.parent.parent if path.parent.name == "tests" else path.parent
+            hint = f" (name the folder that holds it: --impl {repo})"
+        return f"--impl {given} is a file; expected {EXPECTED}{hint}."
+    if (problem := load_submission(path).problem) is not None:
+        return f"--impl {given}: {problem}; expected a submission folder (a course repo) with its adapters file there."
+    return None
+
+
+def find_submissions(patterns: list[str], skipped: list | None = None) -> list[Submission]:
+    """Expand --impl values into the submissions they name, or raise NotASubmission.
+
+    A path named outright must be a submission: a folder holding its adapters file. A glob must
+    match at least one; the folders it matches that hold no adapters file are left out and, when
+    `skipped` is a list, added to it (as paths), so `submissions/*` grades the submissions among
+    other folders and can say which it passed over. Files a glob matches (a README) are ignored."""
+    found, problems = {}, []
     for pattern in patterns:
         if glob.has_magic(pattern):
-            paths = [Path(p) for p in sorted(glob.glob(pattern)) if looks_like_submission(Path(p))]
+            folders = {Path(p): load_submission(Path(p)) for p in sorted(glob.glob(pattern)) if Path(p).is_dir()}
+            loaded = [s for s in folders.values() if s.problem is None]
+            if not folders:
+                problems.append(f"--impl {pattern!r} matches no folder; expected {EXPECTED_GLOB}.")
+            elif not loaded:
+                names = ", ".join(p.name for p in list(folders)[:5]) + (", ..." if len(folders) > 5 else "")
+                problems.append(f"--impl {pattern!r} matches {len(folders)} folder{'s' * (len(folders) > 1)} "
+                                f"({names}) and none holds tests/adapters.py or adapters.py; expected {EXPECTED_GLOB}.")
+            if skipped is not None:
+                skipped += [p for p, s in folders.items() if s.problem is not None]
+        elif (problem := why_not_a_submission(Path(pattern), pattern)) is not None:
+            problems.append(problem)
+            continue
         else:
-            paths = [Path(pattern)]
-        for path in paths:
-            submission = load_submission(path)
+            loaded = [load_submission(Path(pattern))]
+        for submission in loaded:
             if submission.root in {s.root for s in found.values()}:
                 continue
             if submission.name in found:  # same folder name under two parents
                 submission.name = f"{submission.root.parent.name}-{submission.name}"
             found[submission.name] = submission
+    if problems:
+        raise NotASubmission("\n".join(problems))
     return list(found.values())
 
 

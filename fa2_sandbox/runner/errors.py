@@ -23,3 +23,33 @@ def describe(exc: BaseException) -> str:
         described += (f" (`{frames[-1].line}` at {where}: NotImplemented is a constant, not an exception; "
                       f"raise NotImplementedError instead)")
     return described
+
+
+def where_raised(exc: BaseException, root) -> str | None:
+    """'cs336_systems/attention.py, line 3': where in the submission's files (under `root`) an
+    error was raised, the innermost such place (a SyntaxError's, its own); None when no frame is there."""
+    root = os.path.realpath(root)
+
+    def inside(path) -> bool:
+        return bool(path) and os.path.realpath(path).startswith(root + os.sep)
+
+    if isinstance(exc, SyntaxError) and inside(exc.filename):
+        path, line = exc.filename, exc.lineno
+    else:
+        frames = [f for f in traceback.extract_tb(exc.__traceback__) if inside(f.filename)]
+        if not frames:
+            return None
+        path, line = frames[-1].filename, frames[-1].lineno
+    return f"{os.path.relpath(os.path.realpath(path), root)}, line {line}"
+
+
+def import_failure(adapters_file: str, exc: BaseException, root) -> str:
+    """The one sentence every check of a submission whose adapters do not import says: 'tests/adapters.py
+    failed to import: SyntaxError: invalid syntax (tests/adapters.py, line 12)': the error's first line,
+    and the file and line in the submission where it was raised."""
+    if isinstance(exc, SyntaxError) and exc.msg:  # its own text names the file without its folder
+        described = f"{type(exc).__name__}: {exc.msg}"
+    else:
+        described = describe(exc)
+    where = where_raised(exc, root)
+    return f"{adapters_file} failed to import: {described}" + (f" ({where})" if where else "")

@@ -22,7 +22,7 @@ from pathlib import Path
 import torch
 
 from fa2_sandbox.runner import distributed_ops, flash_call, input_changes, instruments
-from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.runner.errors import describe, import_failure
 from fa2_sandbox.runner.ranks import RankPool
 from fa2_sandbox.wire import course_env, outcomes
 from fa2_sandbox.wire import tensors as wire_tensors
@@ -414,7 +414,7 @@ def main() -> None:
             advice = course_env.import_advice(root, exc)
         except Exception:
             advice = None
-        error = f"{config['adapters_file']} failed to import: {describe(exc)}" + (f". {advice}" if advice else "")
+        error = import_failure(config["adapters_file"], exc, root) + (f". {advice}" if advice else "")
         channel.send({"event": "ready", "import_error": error, "traceback": traceback.format_exc(limit=-8)})
         return
     functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))

@@ -110,8 +110,9 @@ def gate_flavour(c, grading, submission, flavour, model=None):
         return
     if defined or flavour != "ddp" or model not in (None, DDP_MODELS[0]):
         c.skip(f"{DDP_FLAVOURS[flavour][0]} is not defined in the adapters")
-    wanted = ", ".join(DDP_FLAVOURS[f][0] for f in FLAVOURS)
-    c.fail(f"not attempted: {submission.adapters_file} defines none of {wanted}.", outcome=outcomes.NOT_ATTEMPTED)
+    wanted = [DDP_FLAVOURS[f][0] for f in FLAVOURS]
+    c.fail(f"not attempted: {', '.join(wanted[:-1])} and {wanted[-1]} are all missing from {submission.adapters_file}.",
+           outcome=outcomes.NOT_ATTEMPTED)
 
 
 # -- DDP baselines ----------------------------------------------------------------------------
@@ -348,7 +349,7 @@ def judge_sharded(c, grading, submission, scenario):
 
 def gate_sharded(c, grading, submission):
     if "get_sharded_optimizer" not in grading.functions[submission.name]:
-        c.fail(f"not attempted: {submission.adapters_file} has no get_sharded_optimizer.",
+        c.fail(f"not attempted: get_sharded_optimizer is missing from {submission.adapters_file}.",
                outcome=outcomes.NOT_ATTEMPTED)
     grading.fail_if_stub(c, submission, "get_sharded_optimizer")
 

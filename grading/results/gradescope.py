@@ -16,7 +16,7 @@ malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than i
 `reporting` is the installed package and `tests` is not.
 """
 from fa2_sandbox.wire.outcomes import NOT_GRADED_HERE, PASSED, SKIPPED, UNSETTLED
-from grading.results.record import CheckRecord, as_dict, as_number, as_text
+from grading.results.record import CheckRecord, as_dict, as_number, as_text, points
 
 MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
 MAX_CASES = 6  # cases named on one line; the rest are counted
@@ -108,7 +108,7 @@ def summary(results: dict) -> str:
         score, most = as_number(part.get("score")), as_number(part.get("max_score"))
         needs_gpu = part.get("graded") is False and as_number(part.get("not_graded_here")) > 0
         graded = " (not graded here: it needs a GPU)" if needs_gpu else ""
-        lines.append(f"- {escape(part.get('label'))}: {score:.4g} / {most:.4g}{graded}")
+        lines.append(f"- {escape(part.get('label'))}: {points(score)} / {points(most)}{graded}")
     return "\n".join(lines[:1] + [""] + lines[1:]) if len(lines) > 1 else lines[0]
 
 

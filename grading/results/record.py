@@ -246,6 +246,12 @@ class CheckRecord:
 _SETTABLE = {"outcome", "diagnosis", "output", "seconds", *EVIDENCE}
 
 
+def points(value) -> str:
+    """How points read everywhere (the terminal, results.json's sentences, the pages, the CSVs,
+    Gradescope's text): two decimals, trailing zeros dropped, so 4.144 reads "4.14" and 20.0 "20"."""
+    return f"{float(value):.2f}".rstrip("0").rstrip(".")
+
+
 # Readers of untrusted JSON values (results.json): a wrong type gives the default, never an error.
 def as_dict(value):
     return value if isinstance(value, dict) else {}

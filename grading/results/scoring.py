@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED
 from grading.results import gradescope, store
+from grading.results.record import points
 from grading.rubric import Rubric
 
 
@@ -52,8 +53,9 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
     unrecorded = Counter(g for n in never_run for g in groups_of_function.get(_function(n), ()))
     group_sizes.update(unrecorded)
-    def new_part(label):
-        return {"label": label, "score": 0.0, "max_score": 0.0, "checks": 0, "not_graded_here": 0}
+    def new_part(label):  # every part says its advice share, 0 where it has no advice (grades.csv's columns)
+        return {"label": label, "score": 0.0, "max_score": 0.0, "advice_score": 0.0, "advice_max_score": 0.0,
+                "checks": 0, "not_graded_here": 0}
 
     parts = {key: new_part(label) for key, label in rubric.parts.items()}  # the rubric's order: the pages
     for group in rubric.groups:
@@ -98,20 +100,23 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     incomplete = bool(ungraded) or total == 0
     not_here = [r for r in records if r.outcome == NOT_GRADED_HERE]
 
+    check_seconds = round(sum(r.seconds or 0 for r in records), 2)  # the checks' own times, summed
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
     scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
     failed = [t for t in scored if t["status"] == "failed"]
-    summary = info.get("ungradable") or (f"{len(failed)} of {len(scored)} checks failed." if failed
-                                         else f"All {len(scored)} checks passed.")
-    if not_here:
+    checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
+    summary = info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
+                                         else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
+    provisional = bool(not_here) and not info.get("ungradable")  # ungradable says all there is to say
+    if provisional:
         waiting = sum(r.max_score for r in not_here)
-        checks, points = Counter(r.part for r in not_here), Counter()
+        checks, part_points = Counter(r.part for r in not_here), Counter()
         for r in not_here:
-            points[r.part] += r.max_score
+            part_points[r.part] += r.max_score
         by_part = "; ".join(f"{parts[key]['label']}: {checks[key]} check{'s' if checks[key] != 1 else ''}, "
-                            f"{points[key]:.4g} points" for key in parts if checks[key])
-        summary = (f"provisional: {len(not_here)} checks worth {waiting:.4g} points need a GPU and were not "
+                            f"{points(part_points[key])} points" for key in parts if checks[key])
+        summary = (f"provisional: {len(not_here)} checks worth {points(waiting)} points need a GPU and were not "
                    f"graded here ({by_part}); they count 0 until the submission is graded on a GPU. " + summary)
     if incomplete:
         why = []
@@ -125,8 +130,10 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): grading/slurm.py
         summary = f"{info['interrupted']}. {summary}"
     results = {
-        "score": round(score, 3), "max_score": round(max_score, 3),
-        "execution_time": round(sum(r.seconds or 0 for r in records), 2),
+        # Rounded as every page and line shows them (record.points): Gradescope shows this number.
+        "score": round(score, 2), "max_score": round(max_score, 2),
+        # Gradescope's: the submission's wall clock in its last grading run, where the run measured it.
+        "execution_time": check_seconds if info.get("wall_seconds") is None else info["wall_seconds"],
         "output": summary, "visibility": "visible", "stdout_visibility": "hidden",
         "extra_data": {"submission": submission, "student": info.get("student"), "seed": info.get("seed"),
                        **{k: info[k] for k in ("student_id", "email", "students") if info.get(k)},
@@ -135,7 +142,8 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                        "runner_log_tail": info.get("runner_log_tail", ""),
                        "isolation": info.get("isolation"), "interrupted": info.get("interrupted"),
                        "group_points": {g: round(w, 6) for g, w in weights.items()},
-                       "incomplete": incomplete, "provisional": bool(not_here), "not_graded_here": len(not_here),
+                       "wall_seconds": info.get("wall_seconds"), "check_seconds": check_seconds,
+                       "incomplete": incomplete, "provisional": provisional, "not_graded_here": len(not_here),
                        "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},
         "tests": tests,

@@ -10,6 +10,11 @@ temporary file that then replaces it, so a reader never sees half of one):
   .seed                      the controller that first grades into the folder (secret_seed): the
                              base seed of every input, unless --seed gives one; readable by the
                              grader's user only, never by a runner.
+  class.json                 the controller at session end (write_class), `fa2-grade slurm-finish`
+                             and `build-reports --keep-others`: the class, the submissions the class
+                             page, grades.csv and gradescope_scores.csv list (the run's, and with
+                             --keep-others every other one already graded into the folder), and the
+                             folders a glob matched that hold no adapters file.
   <sub>/checks/<check>.json  the pytest controller (recording.py, pytest_runtest_logreport), when the
                              check finishes; under xdist the worker's record travels to it on the
                              test report, as CheckRecord.to_json(). Never deleted: a check not run
@@ -107,6 +112,34 @@ def secret_seed(reports: Path) -> int:
     with os.fdopen(fd, "w") as out:
         out.write(f"{seed}\n")
     return seed
+
+
+CLASS_FILE = "class.json"
+
+
+def graded_folders(reports: Path) -> list:
+    """The names of the submissions graded into `reports` by any run: its folders holding an
+    info.json (written at the start of a run) or a results.json."""
+    return sorted({p.parent.name for pattern in ("*/info.json", "*/results.json") for p in Path(reports).glob(pattern)})
+
+
+def write_class(reports: Path, names: list, skipped: list = (), keep_others: bool = False) -> dict:
+    """Make `names` the class of `reports` (with keep_others, every submission graded into it as well);
+    `skipped`: the folders a glob matched that hold no adapters file, as the run names them."""
+    names = sorted(set(names) | set(graded_folders(reports) if keep_others else ()))
+    data = {"submissions": names, "skipped": [str(p) for p in skipped]}
+    write_json(Path(reports) / CLASS_FILE, data)
+    return data
+
+
+def read_class(reports: Path) -> dict | None:
+    """{"submissions": [names], "skipped": [paths]} of `reports`, or None where no run wrote it (a
+    folder of an older grader: then every submission in it is the class)."""
+    data = read_json(Path(reports) / CLASS_FILE)
+    if not isinstance(data, dict) or not isinstance(data.get("submissions"), list):
+        return None
+    skipped = data.get("skipped") if isinstance(data.get("skipped"), list) else []
+    return {"submissions": [str(n) for n in data["submissions"]], "skipped": [str(p) for p in skipped]}
 
 
 def read_json(path: Path, default=None):

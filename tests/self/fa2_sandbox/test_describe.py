@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.runner.errors import describe, import_failure
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -31,7 +31,7 @@ def test_a_triton_compilation_error_says_its_reason():
     code = textwrap.dedent('''
         import ast
         from triton.compiler.errors import CompilationError
-        from fa2_sandbox.runner.errors import describe
+        from fa2_sandbox.runner.errors import describe, import_failure
         src = "def kernel(a, b):\\n    return tl.dot(a, b)"
         try:
             try:
@@ -68,3 +68,24 @@ def test_a_plain_error_is_its_first_line():
     assert describe(ValueError("too many values to unpack (expected 3)")) == \
         "ValueError: too many values to unpack (expected 3)"
     assert describe(SystemExit(3)) == "SystemExit: sys.exit(3) was called"
+
+
+def test_an_import_failure_names_the_file_and_line_in_the_submission(tmp_path, monkeypatch):
+    """One sentence for every check of a submission whose adapters do not import: the error's first
+    line and where in the submission's files it was raised (fa2_sandbox/runner/errors.py)."""
+    package = tmp_path / "i42_systems"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "attention.py").write_text("import math\nimport not_a_module_anywhere\n")
+    (tmp_path / "adapters.py").write_text("from i42_systems import attention\n")
+    (tmp_path / "broken.py").write_text("import torch\n\n\ndef f(:\n    pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    found = {}
+    for name in ("adapters.py", "broken.py"):
+        path = tmp_path / name
+        found[name] = import_failure(name, raised(lambda: exec(compile(path.read_text(), str(path), "exec"), {})),
+                                     tmp_path)
+    assert found == {
+        "adapters.py": "adapters.py failed to import: ModuleNotFoundError: No module named 'not_a_module_anywhere' "
+                       "(i42_systems/attention.py, line 2)",
+        "broken.py": "broken.py failed to import: SyntaxError: invalid syntax (broken.py, line 4)"}

@@ -87,8 +87,9 @@ def test_one_test_per_group_numbered_in_course_order(grouped, results, fixture_r
 
 def test_group_scores_add_up_to_the_total(grouped, results, fixture_rubric):
     for name, out in grouped.items():
-        assert sum(t["score"] for t in out["tests"]) == pytest.approx(results[name]["score"], abs=1e-3), name
-        assert sum(t["max_score"] for t in out["tests"]) == pytest.approx(results[name]["max_score"], abs=1e-3)
+        # the total in hundredths, as every page shows it; the groups' points to four places
+        assert sum(t["score"] for t in out["tests"]) == pytest.approx(results[name]["score"], abs=0.005), name
+        assert sum(t["max_score"] for t in out["tests"]) == pytest.approx(results[name]["max_score"], abs=0.005)
         assert (out["score"], out["max_score"]) == (results[name]["score"], results[name]["max_score"])
         for t in out["tests"]:
             assert t["max_score"] == pytest.approx(fixture_rubric.points(t["extra_data"]["group"]))
@@ -306,3 +307,20 @@ def test_every_submission_is_graded_out_of_the_same_total(tmp_path):
     excused = write_class_member(tmp_path, "f_excused", {"ddp.bucketing", "flash_triton.replay"})
     assert t2026["score"] == pytest.approx(rubric.total() - 2)
     assert excused["score"] == pytest.approx(rubric.total())
+
+
+def test_run_autograder_says_why_an_upload_with_no_adapters_file_is_not_graded(tmp_path):
+    """The grader stops such an upload before grading (exit status 4, grading/session.py); the
+    student reads its sentence, the upload named as such rather than by the autograder's copy."""
+    ag = tmp_path / "autograder"
+    (ag / "source").mkdir(parents=True)
+    (ag / "source" / "grader").symlink_to(ROOT)
+    (ag / "submission" / "my-repo").mkdir(parents=True)
+    (ag / "submission" / "my-repo" / "README.md").write_text("no adapters here")
+    env = {**os.environ, "AUTOGRADER_ROOT": str(ag), "GRADER_PYTHON": sys.executable, "TMPDIR": str(tmp_path)}
+    subprocess.run([str(ROOT / "integrations" / "gradescope" / "run_autograder")], env=env, cwd=tmp_path,
+                   capture_output=True, text=True, timeout=180, check=True)
+    out = json.loads((ag / "results" / "results.json").read_text())
+    assert out["tests"] == [] and out["output"].startswith(
+        "The autograder could not grade this submission: the upload: the folder holds neither tests/adapters.py "
+        "nor adapters.py; expected a submission folder (a course repo) with its adapters file there.")

@@ -40,6 +40,105 @@ def test_a_run_that_collects_no_check_stops_with_status_4(pytester):
     assert not (reports / "index.html").exists()
 
 
+@pytest.mark.parametrize("kind", ["missing", "file", "empty folder", "glob matching nothing"])
+def test_a_path_that_is_not_a_submission_stops_the_run_before_collection(pytester, kind):
+    """Exit status 4 (pytest's usage error), one sentence naming the path and what was expected
+    there, and nothing written: no reports folder at all."""
+    path = {"missing": pytester.path / "does-not-exist", "file": pytester.makefile(".txt", notes="a file"),
+            "empty folder": pytester.mkdir("empty"), "glob matching nothing": pytester.path / "exmples" / "*"}[kind]
+    result, reports = grade(pytester, f"--impl={path}")
+    assert result.ret == 4, result.stdout.str()[-2000:]
+    errors = [line for line in result.stderr.lines if line.startswith("ERROR:")]
+    assert len(errors) == 1 and f"--impl {path}" in errors[0].replace("'", ""), result.stderr.str()
+    assert "expected a submission folder" in errors[0] or "expected a glob of submission folders" in errors[0]
+    assert "tests/adapters.py" in errors[0] and "adapters.py" in errors[0].replace("tests/adapters.py", "")
+    assert not reports.exists() and "passed" not in result.stdout.str()
+
+
+def test_help_names_the_reports_folders_default(pytester, monkeypatch):
+    monkeypatch.setenv("COLUMNS", "200")
+    result = pytester.runpytest_inprocess("--help")
+    result.stdout.fnmatch_lines(["*--reports=DIR*(default: reports, in the folder the run starts in)*",
+                                 "*--keep-others*earlier runs*"])
+
+
+def class_rows(reports) -> list:
+    """The names in grades.csv, one row per submission of the class."""
+    return [line.split(",", 1)[0] for line in (reports / "grades.csv").read_text().splitlines()[1:]]
+
+
+def test_a_glob_grades_the_submissions_it_matches_and_names_the_folders_it_skipped(pytester):
+    classroom = pytester.mkdir("classroom")
+    (classroom / "reference").symlink_to(REFERENCE, target_is_directory=True)
+    (classroom / "notes").mkdir()  # no adapters file: not a submission
+    result, reports = grade(pytester, f"--impl={classroom}/*", "-k", COURSE_FORWARD)
+    assert result.ret == 0, result.stdout.str()[-2000:]
+    result.stdout.fnmatch_lines([f"skipped 1 folder that --impl matched and that hold* no tests/adapters.py or "
+                                 f"adapters.py: {classroom}/notes"])
+    assert class_rows(reports) == ["reference"]
+    page = (reports / "index.html").read_text()
+    assert "Not graded: 1 folder" in page and f"{classroom}/notes" in page
+    assert "warning" not in result.stderr.str()  # a correct run is quiet: no Gradescope upload warnings
+    results = json.loads((reports / "reference" / "results.json").read_text())
+    total = f"{results['score']:.2f}".rstrip("0").rstrip(".") + " / " + f"{results['max_score']:g}"
+    result.stdout.fnmatch_lines(["*grading 1 submission with seed*",  # the points as the pages show them
+                                 f"*[[]1 of 1 submission done[]] reference: {total} *", f"reference * {total} *"])
+    extra = results["extra_data"]
+    assert 0 < extra["wall_seconds"] == results["execution_time"] and extra["check_seconds"] > 0
+    page = (reports / "reference" / "index.html").read_text()
+    assert f"<dt>grading time</dt><dd>{extra['wall_seconds']:.1f} s (wall clock" in page
+    assert "<dt>sum of check times</dt>" in page
+    assert "<title>Class report · 1 submission</title>" in (reports / "index.html").read_text()
+
+
+def test_reports_hold_the_class_of_the_last_run_unless_asked_to_keep_others(pytester):
+    """The class page, grades.csv and gradescope_scores.csv list the submissions this run names;
+    --keep-others lists those graded into the folder before too. An earlier run never changes
+    the class of a later one (its mean, its rows)."""
+    result, reports = grade(pytester, f"--impl={REFERENCE}", "-k", COURSE_FORWARD)
+    assert result.ret == 0 and class_rows(reports) == ["reference"]
+    result, _ = grade(pytester, f"--impl={WRONG}", "-k", COURSE_FORWARD)
+    assert class_rows(reports) == ["no_softmax_scale"]
+    assert "1 graded into" in result.stdout.str() and "--keep-others lists them too" in result.stdout.str()
+    assert "reference" in (reports / "index.html").read_text().split('id="left-out"')[1]
+    assert (reports / "reference" / "results.json").exists()  # left out of the class, never deleted
+    result, _ = grade(pytester, f"--impl={WRONG}", "-k", COURSE_FORWARD, "--keep-others")
+    assert class_rows(reports) == ["no_softmax_scale", "reference"]
+    assert 'id="left-out"' not in (reports / "index.html").read_text()
+
+
+BROKEN_ADAPTERS = """import torch
+
+
+def get_ddp(module: torch.nn.Module):
+    return module +
+"""
+
+
+def test_adapters_that_do_not_import_are_one_cause_in_every_part(pytester):
+    """Every check of every part fails with the same sentence (the error's first line, the file and
+    the line); no part is "not scored" and none gives its points to another; ungradable is not
+    also provisional (the timing checks need a GPU here)."""
+    broken = pytester.mkdir("broken")
+    (broken / "tests").mkdir()
+    (broken / "tests" / "adapters.py").write_text(BROKEN_ADAPTERS)
+    result, reports = grade(pytester, f"--impl={broken}", "-k", "not test_forward and not test_backward or 128x128")
+    assert result.ret == 1, result.stdout.str()[-2000:]
+    results = json.loads((reports / "broken" / "results.json").read_text())
+    sentence = "tests/adapters.py failed to import: SyntaxError: invalid syntax (tests/adapters.py, line 5)"
+    assert results["extra_data"]["ungradable"] == sentence
+    diagnoses = {t["extra_data"]["part"]: set() for t in results["tests"]}
+    for test in results["tests"]:
+        diagnoses[test["extra_data"]["part"]].add(test["extra_data"]["diagnosis"])
+    assert set(diagnoses) == {"flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "memory", "timing"}
+    assert all(found == {sentence} for found in diagnoses.values()), diagnoses
+    parts = results["extra_data"]["parts"]
+    assert parts["fsdp"]["max_score"] == 8 and all(part["score"] == 0 for part in parts.values())
+    assert results["output"].endswith(f"graded. {sentence}")  # -k left the rest never run: incomplete
+    assert results["extra_data"]["provisional"] is False and "provisional" not in results["output"]
+    assert "None" not in json.dumps(results["tests"])
+
+
 def test_k_regrades_part_and_keeps_the_rest(pytester):
     result, reports = grade(pytester, f"--impl={REFERENCE}", "-k", COURSE_FORWARD)
     assert result.ret == 0, result.stdout.str()[-2000:]

@@ -157,3 +157,19 @@ def test_dry_run_prints_the_scripts_and_submits_nothing(tmp_path):
     assert "#SBATCH --array=0-1" in text and "#SBATCH --gpus-per-task=1" in text and "#SBATCH --partition=gpu" in text
     assert "-k course" in text and "--dependency=afterany:ARRAY" in text
     assert "# share-0.txt" in text and "# share-1.txt" in text and not (tmp_path / ".slurm").exists()
+
+
+def test_a_path_that_is_not_a_submission_submits_nothing_and_help_names_the_defaults(tmp_path, capsys, monkeypatch):
+    from grading.slurm import main
+
+    monkeypatch.setenv("COLUMNS", "200")  # argparse wraps the help to the terminal: no line breaks in a default
+    assert main(["slurm", f"--reports={tmp_path}", f"--impl={tmp_path / 'missing'}", "--dry-run"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"fa2-grade slurm: --impl {tmp_path / 'missing'}: there is no such file or folder; expected")
+    assert not (tmp_path / ".slurm").exists()
+    with pytest.raises(SystemExit):
+        main(["slurm", "--help"])
+    shown = " ".join(capsys.readouterr().out.split())
+    for default in ("(default: 16)", "(default: 02:00:00)", "(default: one per submission)",
+                    "(default: --cpus-per-task)", "(default: fa2-grade)", "(default: none asked for)"):
+        assert default in shown, default

@@ -114,13 +114,13 @@ def results(score=10.0, max_score=20.0, parts=None, incomplete=False, **extra) -
 
 
 def build(tmp_path, capsys, **subs) -> tuple[dict, list, str]:
-    """Build from {name: results.json dict}: grades.csv rows by name, gradescope_scores.csv rows,
-    and what the build printed on stderr."""
+    """Build from {name: results.json dict}, as build-reports does by hand: grades.csv rows by name,
+    gradescope_scores.csv rows, and what the build printed on stderr."""
     reports = tmp_path / "reports"
     for name, data in subs.items():
         (reports / name).mkdir(parents=True)
         (reports / name / "results.json").write_text(json.dumps(data))
-    build_reports(reports)
+    build_reports(reports, warn=True)
     with open(reports / "grades.csv", newline="") as f:
         grades = {r["name"]: r for r in csv.DictReader(f)}
     with open(reports / "gradescope_scores.csv", newline="") as f:
@@ -132,9 +132,11 @@ def test_grades_csv_has_identity_and_a_maximum_per_part(tmp_path, capsys):
     grades, scores, err = build(tmp_path, capsys, alice=results(
         student="Alice Liddell", student_id="012345", email="alice@example.edu"))
     assert list(grades["alice"]) == ["name", "student", "student_id", "email", "flash_pytorch", "flash_pytorch_max",
-                                     "ddp", "ddp_max", "total", "max", "seed", "notes", "complete"]
+                                     "ddp", "ddp_max", "total", "max", "state", "seed",
+                                     "flash_pytorch_requirements", "flash_pytorch_advice", "ddp_requirements",
+                                     "ddp_advice", "notes"]
     assert list(grades["alice"].values()) == ["alice", "Alice Liddell", "012345", "alice@example.edu",
-                                              "6", "10", "4", "10", "10", "20", "1", "", "yes"]
+                                              "6", "10", "4", "10", "10", "20", "final", "1", "", "", "", "", ""]
     assert scores == [GRADESCOPE_COLUMNS, ["Alice Liddell", "012345", "alice@example.edu", "10"]]
     assert err == ""  # nothing to warn about
 
@@ -155,7 +157,7 @@ def test_a_part_not_graded_or_absent_is_blank_not_zero(tmp_path, capsys):
 
 def test_an_incomplete_total_is_marked_in_grades_csv_and_blank_for_gradescope(tmp_path, capsys):
     grades, scores, err = build(tmp_path, capsys, dan=results(incomplete=True, student="Dan", student_id="7"))
-    assert grades["dan"]["total"] == "10 (incomplete)" and grades["dan"]["complete"] == "no"
+    assert grades["dan"]["total"] == "10" and grades["dan"]["state"] == "incomplete"
     assert scores[1] == ["Dan", "7", "", ""]
     assert "build-reports: warning: gradescope_scores.csv: total left blank for dan: not final" in err
 
@@ -197,3 +199,44 @@ def test_both_csvs_are_byte_identical_on_rebuild(tmp_path, capsys):
     build_reports(reports)
     assert first == {name: (reports / name).read_bytes() for name in first}
     assert list(csv.reader(io.StringIO(first["gradescope_scores.csv"].decode())))[0] == GRADESCOPE_COLUMNS
+
+
+def test_a_grading_run_builds_quietly_and_the_class_page_says_what_is_not_ready_to_upload(tmp_path, capsys):
+    """The rows Gradescope cannot take are said on the class page; stderr stays quiet unless asked."""
+    reports = tmp_path / "reports"
+    (reports / "erin").mkdir(parents=True)
+    (reports / "erin" / "results.json").write_text(json.dumps(results(provisional=True)))
+    build_reports(reports)
+    assert capsys.readouterr().err == ""
+    page = (reports / "index.html").read_text()
+    assert "no email or SID for erin" in page and "total left blank for erin: not final" in page
+
+
+def test_grades_csv_loads_as_numbers_with_csv_and_pandas(tmp_path, capsys):
+    """Every score column is a plain number (blank where unknown), the state a column of its own,
+    and every part, FSDP too, has its requirement and advice columns."""
+    pandas = pytest.importorskip("pandas")
+    parts = {"flash_pytorch": {"label": "PyTorch FA2", "score": 6.5, "max_score": 10.0, "advice_score": 0.5,
+                               "advice_max_score": 1.0},
+             "fsdp": {"label": "FSDP", "score": 4.144, "max_score": 8.0, "advice_score": 0.0, "advice_max_score": 0.0},
+             "timing": {"label": "Timing", "score": 0.0, "max_score": 1.5, "graded": False}}
+    build(tmp_path, capsys, amy=results(score=10.644, max_score=19.5, parts=parts, provisional=True),
+          ben=results(score=0.0, max_score=19.5, parts=parts, ungradable="tests/adapters.py failed to import"),
+          cat=results(score=10.644, max_score=19.5, parts=parts, incomplete=True),
+          dee=results(score=19.5, max_score=19.5, parts={k: {**v, "graded": True} for k, v in parts.items()}))
+    path = tmp_path / "reports" / "grades.csv"
+    numbers = ["total", "max", "seed"] + [f"{p}{suffix}" for p in parts
+                                          for suffix in ("", "_max", "_requirements", "_advice")]
+    with open(path, newline="") as f:
+        rows = list(csv.DictReader(f))
+    for row in rows:
+        for column in numbers:
+            assert row[column] == "" or float(row[column]) == float(row[column]), (row["name"], column)
+    assert [row["state"] for row in rows] == ["provisional", "ungradable", "incomplete", "final"]
+    assert (rows[0]["fsdp"], rows[0]["fsdp_requirements"], rows[0]["fsdp_advice"]) == ("4.14", "4.14", "0")
+    assert (rows[0]["flash_pytorch_requirements"], rows[0]["flash_pytorch_advice"]) == ("6", "0.5")
+    assert rows[0]["timing"] == rows[0]["timing_requirements"] == ""  # not graded here: unknown, not 0
+    table = pandas.read_csv(path)
+    assert all(pandas.api.types.is_numeric_dtype(table[column]) for column in numbers), table.dtypes
+    assert table["total"].tolist() == [10.64, 0.0, 10.64, 19.5]
+    assert set(table["state"]) <= {"final", "provisional", "incomplete", "ungradable"}

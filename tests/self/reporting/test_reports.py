@@ -105,9 +105,27 @@ def test_ungradable_submission_has_a_row_saying_why(staff):
                                                                               "class-table")}
     attrs, cells = rows["dave"]
     assert "ungradable" in attrs["class"]
-    assert "Not graded: tests/adapters.py failed to import: No module named 'jaxtyping'" in cells[-2][1]
+    sentence = ("tests/adapters.py failed to import: ModuleNotFoundError: No module named 'jaxtyping' "
+                "(tests/adapters.py, line 5)")
+    assert cells[-2][1] == f"Not graded: {sentence}"
     page = (reports / "dave" / "index.html").read_text()
-    assert "Could not be graded:" in page and "jaxtyping" in page
+    assert f"Could not be graded:</strong> {sentence}" in page.replace("&#39;", "'")
+    # One cause, one message: not also provisional, no part "not scored", every check the same sentence.
+    assert "Provisional" not in page and "not scored" not in page
+    dave = next(s for s in load_all(reports) if s.name == "dave")
+    assert {c.diagnosis for c in dave.checks} == {sentence} and not dave.provisional
+    assert all(p.max_score > 0 for p in dave.parts)
+
+
+def test_the_runner_output_shows_what_the_code_printed_and_says_which_lines_are_torchs(staff):
+    reports, _ = staff
+    page = (reports / "alice" / "index.html").read_text()
+    panel = page[page.index('<details id="runner-output">'):]
+    panel = panel[:panel.index("</details>")]
+    own, torch_lines = panel.split('<pre class="torch-lines">')
+    assert "autotune: BLOCK_Q=64" in own and "c10d" not in own and "runner ready" not in own
+    assert "From torch or Triton, not your code" in own and "[c10d] The hostname" in torch_lines
+    assert "runner ready in 2.4 s" in torch_lines.split('<pre class="grader-lines">')[1]
 
 
 def test_top_diagnosis_is_the_first_attempted_failure(staff):
@@ -153,23 +171,22 @@ def test_part_cells_are_coloured_by_fraction(staff):
     assert rows["erin"][timing][1] == "—"  # not graded on a CPU machine: unknown, not zero
 
 
-ADVICE_PARTS = [p for p in PARTS if p != "memory"]  # the fixtures' memory checks are all from the handout
+SPLIT_COLUMNS = [f"{p}_{kind}" for p in PARTS for kind in ("requirements", "advice")]  # every part, FSDP too
 
 
 def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
     reports, _ = staff
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "seed",
-                             *(f"{p}_{kind}" for p in ADVICE_PARTS for kind in ("requirements", "advice")),
-                             "notes", "complete"]
+    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "state",
+                             "seed", *SPLIT_COLUMNS, "notes"]
     assert [r["name"] for r in rows] == NAMES
     for row in rows:
         data = fixture_json(row["name"])
         extra = data["extra_data"]
-        provisional = " (provisional)" if extra.get("provisional") else ""
-        assert row["total"] == f"{data['score']:g}{provisional}" and float(row["max"]) == data["max_score"]
-        assert row["complete"] == ("provisional" if provisional else "yes")
+        assert float(row["total"]) == data["score"] and float(row["max"]) == data["max_score"]
+        assert row["state"] == ("ungradable" if extra.get("ungradable") else
+                                "provisional" if extra.get("provisional") else "final")
         assert row["seed"] == str(extra["seed"])
         assert row["student"] == (extra["student"] or "")
         assert row["student_id"] == row["email"] == ""  # the fixtures name no ids
@@ -179,7 +196,7 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
                 continue
             assert float(row[part]) == pytest.approx(extra["parts"][part]["score"], abs=0.005)
             assert float(row[f"{part}_max"]) == pytest.approx(extra["parts"][part]["max_score"], abs=0.005)
-        for part in ADVICE_PARTS:
+        for part in PARTS:
             info = extra["parts"][part]
             if info.get("graded") is False:
                 assert row[f"{part}_advice"] == row[f"{part}_requirements"] == ""
@@ -187,7 +204,6 @@ def test_grades_csv_has_a_column_per_part_total_max_and_seed(staff):
             assert float(row[f"{part}_advice"]) == pytest.approx(info["advice_score"], abs=0.005)
             assert float(row[f"{part}_requirements"]) == pytest.approx(info["score"] - info["advice_score"])
         assert row["notes"] == " ".join(extra["notes"])
-        assert row["complete"] in ("yes", "provisional")  # every fixture's results are complete
     bob = rows[NAMES.index("bob")]
     assert (bob["flash_triton"], bob["flash_triton_requirements"], bob["flash_triton_advice"]) == ("13.7", "13", "0.7")
     assert rows[NAMES.index("dave")]["notes"].startswith("The submission declares jaxtyping (pyproject.toml)")
@@ -385,7 +401,7 @@ def test_unreadable_results_json_still_gets_a_row(tmp_path):
     build_reports(reports)
     rows = {a["data-name"]: c for a, c in table_rows((reports / "index.html").read_text(), "class-table")}
     assert rows["zoe"][-2][1].startswith("Not graded: results.json could not be read:")
-    assert "zoe," + "," * (3 + len(PART_COLUMNS)) + "0 (incomplete),0," in (reports / "grades.csv").read_text()
+    assert "zoe," + "," * (3 + len(PART_COLUMNS)) + "0,0,incomplete," in (reports / "grades.csv").read_text()
 
 
 def test_pass_rates_by_check_and_case_family(staff):
@@ -440,7 +456,7 @@ def test_heatmap_outlines_the_tiles_over_the_bound():
 def test_cli(tmp_path, capsys):
     reports = copy_fixtures(tmp_path / "reports")
     assert main(["--reports", str(reports), "--student-view"]) == 0
-    assert "5 submission page(s)" in capsys.readouterr().out
+    assert "5 submission pages" in capsys.readouterr().out
     assert main(["--reports", str(tmp_path / "missing")]) == 2
     proc = subprocess.run([sys.executable, "-m", "reporting", "--reports", str(reports)],
                           capture_output=True, text=True, cwd=Path(__file__).parents[3])
@@ -644,8 +660,9 @@ def test_results_without_sources_build_as_before(tmp_path):
     assert rows["bob"][2 + PARTS.index("flash_triton")][1] == "13.7/14.9"
     with open(reports / "grades.csv", newline="") as f:
         rows = list(csv.DictReader(f))
-    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "seed", "notes",
-                             "complete"]
+    assert list(rows[0]) == ["name", "student", "student_id", "email", *PART_COLUMNS, "total", "max", "state", "seed",
+                             *SPLIT_COLUMNS, "notes"]
+    assert all(r[column] == "" for r in rows for column in SPLIT_COLUMNS)  # unknown: the files do not say
     assert all(r["notes"] == "" for r in rows)
 
 
@@ -686,7 +703,7 @@ def test_malformed_source_fields_do_not_break_the_page(tmp_path):
     page = (reports / "odd" / "index.html").read_text()
     assert "Advice (beyond the handout)" in page and 'title="judged at 32 precision">32</span>' in page
     csv_text = (reports / "grades.csv").read_text()
-    assert csv_text.splitlines()[0].endswith(",seed,flash_triton_requirements,flash_triton_advice,notes,complete")
+    assert csv_text.splitlines()[0].endswith(",state,seed,flash_triton_requirements,flash_triton_advice,notes")
 
 
 def test_isolation_is_said_in_words_never_silently(tmp_path):
@@ -708,3 +725,26 @@ def test_isolation_is_said_in_words_never_silently(tmp_path):
         (reports / "bob" / "index.html").read_text()
     assert "<dt>isolation</dt><dd>—</dd>" in (reports / "carol" / "index.html").read_text()
     assert "1 graded with their code NOT isolated" in (reports / "index.html").read_text()
+
+
+def test_the_class_is_what_class_json_lists_and_keep_others_adds_the_rest(tmp_path, capsys):
+    """A grading run writes DIR/class.json (grading/results/store.py write_class); the pages list
+    its submissions only, name the others as left out, and `build-reports --keep-others` lists them
+    all without grading. A folder without class.json (an older grader's) is every submission."""
+    from grading.results import store
+
+    reports = copy_fixtures(tmp_path / "reports")
+    store.write_class(reports, ["alice", "bob"], skipped=["class/handouts"])
+    build_reports(reports)
+    html = (reports / "index.html").read_text()
+    assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == ["alice", "bob"]
+    assert "<title>Class report · 2 submissions</title>" in html
+    assert "3 submissions graded into this folder by earlier runs (carol, dave, erin)" in html
+    assert "Not graded: 1 folder" in html and "class/handouts" in html
+    with open(reports / "grades.csv", newline="") as f:
+        assert [r["name"] for r in csv.DictReader(f)] == ["alice", "bob"]
+    assert main(["--reports", str(reports), "--keep-others"]) == 0
+    assert "5 submission pages" in capsys.readouterr().out
+    html = (reports / "index.html").read_text()
+    assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == NAMES and 'id="left-out"' not in html
+    assert store.read_class(reports) == {"submissions": NAMES, "skipped": ["class/handouts"]}
