@@ -48,7 +48,9 @@ COPY_IGNORE = shutil.ignore_patterns(".git", ".venv", "venv", "__pycache__", "wa
 # The runner side and the wire: exactly the code the runner trusts.
 TRUSTED_MODULES = ["fa2_sandbox/__init__.py", "fa2_sandbox/runner/*.py", "fa2_sandbox/wire/*.py"]
 # A checkout's bundled submissions link into its reference/: the only links that may leave a submission.
-BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16"]
+# The bundled submissions that link to the checkout's reference/ package (a link the copy follows).
+BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16",
+                       "submissions/examples/triton_backward_python_loop"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
             "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
             "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
