@@ -294,11 +294,12 @@ def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
 
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
-                             state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None)
+                             state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None, clock={})
     for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
         case = "bf16-113x203-d64-causal"
         record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
-        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group), when="call", duration=1.0,
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group), when="call", duration=1.0, start=1.0,
+                                 stop=2.0,
                                  user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
         GradingPlugin.pytest_runtest_logreport(plugin, report)
     assert scheduler.smaller_than == {f"alice/{SLOW}": 113 * 203 * 64}
