@@ -22,9 +22,11 @@ def check(request, grading, submission):
 
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
     `.to_json()`), whose fields the record then carries as data, or (id, case) for both.
-    A submission whose adapters do not import fails the check here, with the import error."""
+    A submission whose adapters do not import fails the check here, with the import error; an
+    advice check whose turn comes after --time-limit is cut here."""
     def make(part, name, case="", tier="default"):
         request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
         grading.fail_if_unimportable(request.node.grading_check, submission)
+        grading.cut_if_out_of_time(request.node.grading_check)
         return request.node.grading_check
     return make

@@ -114,6 +114,7 @@ class GradingPlugin(Recording):
         """xdist, in the controller: every worker draws its inputs from the controller's seed, and
         takes the sandbox's isolation from one probe the controller runs while they start."""
         node.workerinput["grading_seed"] = self.state.seed
+        node.workerinput["grading_started"] = self.state.started  # where --time-limit counts from
         if self._probe is None:
             path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
             limit = runner_memory_limit(node.workerinput["workercount"])  # what each worker's runners get

@@ -59,6 +59,9 @@ def pytest_addoption(parser):
                     help="list the submissions graded into DIR by earlier runs on the class page too (default: "
                          "the class page, grades.csv and gradescope_scores.csv list this run's submissions only)")
     group.addoption("--student-view", action="store_true", help="leave hidden checks out of the pages")
+    group.addoption("--time-limit", type=float, default=None, metavar="S",
+                    help="seconds a run may grade for, as Gradescope's time limit: an advice check whose turn comes "
+                         "later is cut (fails, earning nothing); a requirement check is never cut (default: none)")
 
 
 def pytest_configure(config):

@@ -4,6 +4,7 @@ the GPU this process grades on and its ledger."""
 import os
 import platform
 import threading
+import time
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -44,6 +45,8 @@ class Grading:
         except NotASubmission as exc:
             raise pytest.UsageError(str(exc)) from None
         self.reports = Path(config.getoption("--reports"))
+        self.started = config.workerinput["grading_started"] if hasattr(config, "workerinput") else time.time()
+        self.time_limit = config.getoption("--time-limit")
         self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
@@ -149,6 +152,18 @@ class Grading:
         if (failure := runner.adapters_failure()) is not None:
             self.note_runner(submission, runner, failure)
             check.settle_reply(failure)
+
+    def cut_if_out_of_time(self, check):
+        """Cut an advice check whose turn comes after --time-limit: it fails and earns nothing, and
+        its points stay in its group. The limit counts from the run's start, as Gradescope's does for
+        the one submission its run grades (in a class run it counts for the whole class). A
+        requirement check is never cut."""
+        elapsed = time.time() - self.started
+        if self.time_limit is None or not check.record.advice or elapsed <= self.time_limit:
+            return
+        check.fail(f"cut: the run's time limit of {self.time_limit:g} s was spent ({elapsed:.0f} s had passed when "
+                   f"this check's turn came). The limit cuts advice checks only, never a requirement check; this one "
+                   f"earns nothing, and no other group gains its points.", outcome=outcomes.TIMEOUT)
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub
