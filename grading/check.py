@@ -17,6 +17,17 @@ def check_id(item) -> str:
     return f"{item.module.__name__}::{item.name}"
 
 
+def declared_group(item, rubric) -> str:
+    """The rubric group of a grading test, known at collection: each checks module declares
+    `check_of(test, params)`, the (part, check, tier) its test's check names. A run stopped early
+    then knows the group of every check it never ran (grading/results/scoring.py)."""
+    declare = getattr(item.module, "check_of", None)
+    if declare is None:
+        raise TypeError(f"{item.module.__name__} declares no check_of(test, params): each checks module says "
+                        f"which check each of its tests makes, so that its group is known before it runs")
+    return rubric.group_of(*declare(item.originalname, item.callspec.params))
+
+
 def case_data(case) -> tuple:
     """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
     `.to_json()` (fa2_sandbox.wire.cases.FlashCase), whose fields become plain JSON data, or
@@ -32,9 +43,12 @@ class Check:
     """What one test found, as a CheckRecord (`.record`). Tests fill it through fail, ok, skip,
     update and settle_reply; the plugin settles it when the test's report comes."""
 
-    def __init__(self, submission, part, check, case, tier, rubric):
+    def __init__(self, submission, part, check, case, tier, rubric, declared=None):
         case_id, case_fields = case_data(case)
         group = rubric.group_of(part, check, tier)
+        if declared is not None and group != declared:  # check_of and the test disagree: a grader bug
+            raise TypeError(f"the test makes a check of group {group}, but its module's check_of declares "
+                            f"{declared}: correct check_of")
         self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
                                   case_fields=case_fields, tier=tier, group=group,
                                   source=rubric.source(group), advice=rubric.advice(group))

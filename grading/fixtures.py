@@ -23,6 +23,7 @@ def check(request, grading, submission):
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
     `.to_json()`), whose fields the record then carries as data, or (id, case) for both."""
     def make(part, name, case="", tier="default"):
-        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
+        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric,
+                                           getattr(request.node, "grading_group", None))
         return request.node.grading_check
     return make

@@ -71,6 +71,11 @@ def shard(params: dict, per_kernel: bool) -> str:
     return DISTRIBUTED
 
 
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, known at collection (test_flash.check_of)."""
+    return "fsdp", test.removeprefix("test_fsdp_"), "default"
+
+
 def fsdp_run(grading, submission):
     spec = {"model": FSDP_MODEL, "model_seed": grading.seed, "data_seed": grading.seed + 3,
             "steps": FSDP_STEPS, "batch": FSDP_BATCH, "lr": FSDP_LR,

@@ -77,6 +77,11 @@ def window_bytes(case, warm_replies) -> int:
     return sum(max(reply.gpu_peak, tiled) for reply in warm_replies) + (1 << 30)
 
 
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, known at collection (test_flash.check_of)."""
+    return "timing", f"flash_{params['slot']}", "timing"
+
+
 def warm_up(runner, request, timeout):
     """One call of one iteration: the runner's start, compiling and autotuning, unmeasured. Its
     reply is not read: a failure comes back again from the measured calls, and a timeout is
