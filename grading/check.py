@@ -70,10 +70,12 @@ class Check:
         pytest.skip(reason)
 
     def not_measured(self, reason: str):
-        """What the check measures cannot be read from this submission's structure (an optimizer
-        with no .state, a wrapper with no buffers to read, a replay with no first answer): neither
-        passed nor failed, 0 of 0, like a skipped check, so it can never cost the submission a
-        requirement; a group none of whose checks was measured shares its points out (Rubric.weights)."""
+        """What the check measures cannot be read from this submission's structure, though its calls
+        worked (an optimizer with no .state, a wrapper with no buffers to read), or the slot is the
+        template's stub: neither passed nor failed, 0 of 0, like a skipped check, so it can never
+        cost the submission a requirement; a group none of whose checks was measured shares its
+        points out (Rubric.weights). Never for a call of the submission's that went wrong: a
+        failure never earns points (flash_checks.fail_unanswered)."""
         self.update(outcome=outcomes.SKIPPED, output=f"could not be measured: {reason}")
         pytest.skip(f"could not be measured: {reason}")
 
