@@ -17,6 +17,17 @@ def check_id(item) -> str:
     return f"{item.module.__name__}::{item.name}"
 
 
+def declared_group(item, rubric) -> str:
+    """The rubric group of a grading test, known at collection: each checks module declares
+    `check_of(test, params)`, the (part, check, tier) its test's check names. A run stopped early
+    then knows the group of every check it never ran (grading/results/scoring.py)."""
+    declare = getattr(item.module, "check_of", None)
+    if declare is None:
+        raise TypeError(f"{item.module.__name__} declares no check_of(test, params): each checks module says "
+                        f"which check each of its tests makes, so that its group is known before it runs")
+    return rubric.group_of(*declare(item.originalname, item.callspec.params))
+
+
 def case_data(case) -> tuple:
     """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
     `.to_json()` (fa2_sandbox.wire.cases.FlashCase), whose fields become plain JSON data, or
@@ -32,9 +43,12 @@ class Check:
     """What one test found, as a CheckRecord (`.record`). Tests fill it through fail, ok, skip,
     update and settle_reply; the plugin settles it when the test's report comes."""
 
-    def __init__(self, submission, part, check, case, tier, rubric):
+    def __init__(self, submission, part, check, case, tier, rubric, declared=None):
         case_id, case_fields = case_data(case)
         group = rubric.group_of(part, check, tier)
+        if declared is not None and group != declared:  # check_of and the test disagree: a grader bug
+            raise TypeError(f"the test makes a check of group {group}, but its module's check_of declares "
+                            f"{declared}: correct check_of")
         self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
                                   case_fields=case_fields, tier=tier, group=group,
                                   source=rubric.source(group), advice=rubric.advice(group))
@@ -66,10 +80,12 @@ class Check:
         pytest.skip(reason)
 
     def not_measured(self, reason: str):
-        """What the check measures cannot be read from this submission's structure (an optimizer
-        with no .state, a wrapper with no buffers to read, a replay with no first answer): neither
-        passed nor failed, 0 of 0, like a skipped check, so it can never cost the submission a
-        requirement; a group none of whose checks was measured shares its points out (Rubric.weights)."""
+        """What the check measures cannot be read from this submission's structure, though its calls
+        worked (an optimizer with no .state, a wrapper with no buffers to read), or the slot is the
+        template's stub: neither passed nor failed, 0 of 0, like a skipped check, so it can never
+        cost the submission a requirement; a group none of whose checks was measured shares its
+        points out (Rubric.weights). Never for a call of the submission's that went wrong: a
+        failure never earns points (flash_checks.fail_unanswered)."""
         self.update(outcome=outcomes.SKIPPED, output=f"could not be measured: {reason}")
         pytest.skip(f"could not be measured: {reason}")
 

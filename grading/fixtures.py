@@ -25,7 +25,8 @@ def check(request, grading, submission):
     A submission whose adapters do not import fails the check here, with the import error; an
     advice check whose turn comes after --time-limit is cut here."""
     def make(part, name, case="", tier="default"):
-        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric)
+        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric,
+                                           getattr(request.node, "grading_group", None))
         grading.fail_if_unimportable(request.node.grading_check, submission)
         grading.cut_if_out_of_time(request.node.grading_check)
         return request.node.grading_check

@@ -30,7 +30,7 @@ import torch
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.harness.client import runner_memory_limit
 from grading import shards
-from grading.check import check_id
+from grading.check import check_id, declared_group
 from grading.durations import Durations
 from grading.recording import Recording, submission_of
 from grading.results import store
@@ -70,6 +70,7 @@ class GradingPlugin(Recording):
         # store.current_records). Workers collect; the controller learns it from their reports.
         self.collected = {}
         self.modules = set()
+        self.groups = {}  # test id -> its rubric group, known before it runs (check.declared_group)
         self._collected_sent = False
         self.info = {}  # submission name -> its info.json (controller only: the file's one writer)
         self.clock = {}  # submission name -> [its first test's start, its last test's end] (time.time, controller)
@@ -206,6 +207,7 @@ class GradingPlugin(Recording):
                 if grouping:
                     item.add_marker(pytest.mark.xdist_group(shards.group_name(name, item.grading_shard)))
                 item.grading_nodeid = check_id(item)  # the records' id (the node id would end in xdist's "@group")
+                item.grading_group = self.groups[item.grading_nodeid] = declared_group(item, self.state.rubric)
                 self.collected.setdefault(name, set()).add(item.grading_nodeid)
                 if not last_failed and not (partial and item.path.resolve() in partial):
                     self.modules.add(item.module.__name__)

@@ -128,7 +128,7 @@ class Recording:
         if self.is_worker and not self._collected_sent:
             self._collected_sent = True
             sent.append(("grading_collected", {"items": {k: sorted(v) for k, v in self.collected.items()},
-                                               "modules": sorted(self.modules)}))
+                                               "modules": sorted(self.modules), "groups": self.groups}))
         if facts := self.state.runner_facts.pop(name, None):
             sent.append(("grading_runner", facts))
         if (record := self._record(item, report, call, name)) is not None:
@@ -143,6 +143,7 @@ class Recording:
             for name, ids in collected["items"].items():
                 self.collected.setdefault(name, set()).update(ids)
             self.modules.update(collected["modules"])
+            self.groups.update(collected.get("groups") or {})
             self._save_collected()
         if facts := sent.get("grading_runner"):
             self._note_runner(facts)
@@ -186,8 +187,9 @@ class Recording:
         if self.config.option.collectonly:
             return
         for s in self.state.submissions:
-            store.update_collected(self.state.reports, s.name, sorted(self.collected.get(s.name, ())),
-                                          self.modules)
+            tests = sorted(self.collected.get(s.name, ()))
+            store.update_collected(self.state.reports, s.name, tests, self.modules,
+                                   {t: self.groups[t] for t in tests if t in self.groups})
 
     def _assemble(self, name):
         if name in self.clock and name in self.info:  # the wall clock from its first test to its last, this session

@@ -31,6 +31,7 @@ import torch.nn.functional as F
 
 from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.runner.errors import describe
+from fa2_sandbox.runner.instruments import DtypeWatch
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.toy_models import course_layers
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches, training_loss
@@ -389,7 +390,8 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
     and trains it with SGD over the wrapper's parameters() on its slice of each global batch.
     Returns fsdp_gather_full_params right after wrapping, after the first step and after
     training, the numel and dtypes of parameters(), the dtypes the model's Linear/Embedding
-    layers produced (when their forward still runs), and whose classes those layers are."""
+    layers produced (when their forward still runs), the dtypes of every tensor the wrapper's
+    forward produced (whatever runs it), and whose classes those layers are."""
     RECORDER.install()
     calls = Calls(load_submission(spec))
     scenarios = {s["name"]: s for s in spec["scenarios"]}
@@ -401,6 +403,7 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
         if spec["model"] == "course":  # from the submission's cs336_basics, as the official tests build it
             model, result["layers"] = course_layers(model)
         seen = set()  # output dtypes of the layers that FSDP is meant to shard
+        forward_dtypes = set()  # dtypes of every tensor the wrapper's forward produced
         for layer in ("embedding", "linear1", "linear2", "lm_head"):
             getattr(model, layer).register_forward_hook(lambda m, a, out: seen.add(str(out.dtype).split(".")[-1])
                                                         if torch.is_tensor(out) else None)
@@ -425,7 +428,9 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
             RECORDER.step = step
             RECORDER.phase = "forward"
             optimizer.zero_grad()
-            out = calls.run("the wrapper's forward", fsdp_model, x[step, rows])
+            with DtypeWatch() as watch:  # what the forward computed in, its layers' own forward called or not
+                out = calls.run("the wrapper's forward", fsdp_model, x[step, rows])
+            forward_dtypes |= watch.dtypes
             loss = training_loss(spec["model"], out, y[step, rows])
             RECORDER.phase = "backward"
             calls.run("loss.backward()", loss.backward)
@@ -437,6 +442,7 @@ def fsdp_rank(rank: int, world_size: int, spec: dict) -> dict:
                 RECORDER.phase = "gather"
                 result["after1"] = gather_full(fsdp_model, result)
         result["layer_dtypes"] = sorted(seen)
+        result["forward_dtypes"] = sorted(forward_dtypes)
         RECORDER.phase = "gather"
         result["final"] = gather_full(fsdp_model, result)
         RECORDER.phase = "done"

@@ -127,3 +127,20 @@ class Watch:
         return {"triton_launches": dict(launched), "forbidden_ops": dict(self.forbidden),
                 "largest_numel": self._dispatch.largest[0], "largest_shape": list(self._dispatch.largest[1]),
                 "peak_bytes": self.peak_bytes}
+
+
+class DtypeWatch(_DispatchWatch):
+    """`with DtypeWatch() as w: ...`, then w.dtypes: the floating dtypes of every tensor an aten op
+    produced meanwhile ("float16", "float32", ...). What an FSDP's forward computed in, whether or
+    not it calls its layers' own forward (fa2_sandbox/runner/distributed_ops.py fsdp_rank)."""
+
+    def __init__(self):
+        super().__init__(Counter())
+        self.dtypes = set()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        out = func(*args, **(kwargs or {}))
+        for t in out if isinstance(out, (tuple, list)) else (out,):
+            if isinstance(t, torch.Tensor) and t.is_floating_point():
+                self.dtypes.add(str(t.dtype).split(".")[-1])
+        return out

@@ -222,6 +222,8 @@ def settle(check, grading, submission, slot, tier, case, phase="forward"):
             and not grading.on_gpu:
         check.not_here(f"it needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
                    f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
+    if check.record.check != "forward" and got_no_answer(reply):
+        fail_unanswered(check, reply, f"{check.record.part}::forward[{case.id}]")
     check.settle_reply(reply)
     backward_error = (reply.result.get("backward_error") or {}) if phase == "backward" else {}
     if backward_error.get("status") == outcomes.NOT_ATTEMPTED:
@@ -246,3 +248,36 @@ def what_failed(reply) -> str:
     if reply.status == outcomes.NOT_ATTEMPTED:
         return f"not attempted: {reply.message}"
     return reply.message  # the adapters did not import: their own sentence
+
+
+# -- a check whose case never got an answer -------------------------------------------------------
+#
+# The forward check of a case charges its call's failure (it raised, crashed or timed out). Every
+# other check that reads the case's answer (the backward, hygiene, the memory and replay checks)
+# fails too, as the official tests fail the backward when the forward raises, and no such check
+# ever shares its points out (README.md, next to "could not be measured"); but its sentence says
+# that it got no answer and names the check that charges the failure, rather than repeat the error
+# as if it were its own.
+UNANSWERED = (outcomes.ERROR, outcomes.CRASH, outcomes.TIMEOUT)
+
+
+def got_no_answer(reply) -> bool:
+    """Whether a case's call raised, crashed or timed out (the adapters' import failing, or the
+    template's stub, is every check's own finding)."""
+    return not reply.ok and reply.status in UNANSWERED
+
+
+def fail_unanswered(check, reply, charged_by: str, verb: str = "judge"):
+    """Fail `check` for an answer its case never got, naming `charged_by`, the check that charges
+    the failure, and why."""
+    check.update(seconds=reply.seconds)
+    check.fail(f"no answer to {verb}: {what_failed(reply)} ({charged_by} charges that failure); this check needs "
+               f"the case's answer, so it fails with it.",
+               traceback_of(reply), outcome=outcomes.outcome_of_call(reply.status) if not reply.ok else outcomes.ERROR)
+
+
+def traceback_of(reply) -> str:
+    """The traceback of what went wrong: the backward's where the forward ran."""
+    if reply.ok:
+        return (reply.result.get("backward_error") or {}).get("traceback", "")
+    return reply.traceback

@@ -82,6 +82,13 @@ def shard(params: dict, per_kernel: bool) -> str:
     return DISTRIBUTED
 
 
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, known at collection (test_flash.check_of)."""
+    if test.startswith("test_ddp_"):
+        return "ddp", test.removeprefix("test_ddp_"), "default"
+    return "sharded_optimizer", params.get("name") or test.removeprefix("test_sharded_"), "default"
+
+
 def ddp_run(grading, submission, flavour):
     spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": grading.seed,
             "data_seed": grading.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,

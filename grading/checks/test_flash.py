@@ -24,13 +24,16 @@ from grading.checks.flash_checks import (
     SLOTS,
     expected,
     expected_tf32,
+    fail_unanswered,
     flash_timeout,
+    got_no_answer,
     mistaken,
     not_here_if_needs_gpu,
     oracle_bytes,
     run_case,
     settle,
     stored_as,
+    traceback_of,
     what_failed,
 )
 from grading.diagnoses import flash as diagnose
@@ -57,6 +60,19 @@ def shard(params: dict, per_kernel: bool) -> str:
     or for the Triton slot the kernel its case compiles."""
     slot, case = params.get("slot", "pytorch"), params.get("case")
     return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else slot
+
+
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, as its `check(...)` call names them: known at
+    collection, so a check that never ran still has its rubric group (grading/results/scoring.py)."""
+    slot = params.get("slot", "pytorch")
+    part = f"flash_{slot}"
+    return {"test_forward": (part, "forward", params.get("tier")),
+            "test_backward": (part, "backward", params.get("tier")),
+            "test_runs_on_cuda": ("flash_pytorch", "runs_on_cuda", "cuda"),
+            "test_hygiene": (part, "hygiene", "hygiene"),
+            "test_no_library_attention": (part, "uses_triton" if slot == "triton" else "no_sdpa", "implementation"),
+            "test_replay": (part, "replay", "replay")}[test]
 
 
 def judge(check, grading, slot, tier, case, tensors, names):
@@ -240,12 +256,14 @@ def test_replay(grading, submission, check, slot, tier, case):
     """A second, unseen input of a case, asked right after the case in the same runner, gets an
     answer of its own, not the first input's again (answers cached by shape, dtype or case).
 
-    Replay judges a replay and nothing else. Where either input got no answer (the class raised,
-    crashed, timed out, or is the template's stub), there is no pair of answers to compare: the
-    check is not measured, and its points are shared by the part's other checks (Rubric.weights),
-    so the failure is charged once, by the forward and backward checks of the case. On a machine
-    without a GPU, a Triton class that does not run there (flash_checks.needs_gpu) is not graded
-    here, like the slot's other checks."""
+    Replay judges a replay and needs two answers to compare. Where the slot is the template's stub
+    the check does not apply: not measured, its points shared by the part's other checks
+    (Rubric.weights). Where the class's own call went wrong (the first input raised, crashed or
+    timed out, the second got no answer, or no answer varies with its input) it fails: a failure
+    never moves points to checks that passed, so a class that raises on every case never scores
+    more than one that answers wrongly. The first input's failure is charged by the case's forward
+    check, which the sentence names. On a machine without a GPU, a Triton class that does not run
+    there (flash_checks.needs_gpu) is not graded here, like the slot's other checks."""
     c = check(f"flash_{slot}", "replay", case, "replay")
     first = f"flash_{slot}::forward[{case.id}]"
     if FLASH_SLOTS[slot] in grading.stubs[submission.name]:
@@ -253,19 +271,22 @@ def test_replay(grading, submission, check, slot, tier, case):
                        f"replay; {first} and the slot's other checks charge it.")
     not_here_if_needs_gpu(c, grading, submission, slot)
     reply, tensors = run_case(grading, submission, slot, case)
-    if not reply.ok:
-        c.not_measured(f"the first input of this case got no answer ({what_failed(reply)}), so there is nothing a "
-                       f"second input could repeat; {first} charges the failure.")
+    if got_no_answer(reply):
+        fail_unanswered(c, reply, first, "compare")
+    c.settle_reply(reply)  # the adapters did not import: every check's own finding
     again, again_tensors = run_case(grading, submission, slot, case, second=True)
     if not again.ok:
-        c.not_measured(f"a second, unseen input of this case, asked right after the first, got no answer "
-                       f"({what_failed(again)}), so there is no second answer to compare with the first.")
+        c.update(seconds=again.seconds)
+        c.fail(f"a second, unseen input of this case, asked right after the first, got no answer "
+               f"({what_failed(again)}), though the first input got one: every input of a case must get its own "
+               f"answer.", traceback_of(again), outcome=outcomes.outcome_of_call(again.status))
     compared, same = same_answers(tensors, again_tensors)
     if same:
         c.fail(f"returned the same {', '.join(same)} for a different input: a second, unseen input of this case, "
                f"asked right after the first, got the first one's answer back. The answers are cached (by shape, "
                f"dtype or case), not computed from the inputs: compute every call's answer from its own q, k, v.")
     if not compared:
-        c.not_measured("no answer varies with its input (constant, or not finite), so a repeated answer cannot be "
-                       f"told from a new one; {first} and the case's backward check judge the answers.")
+        c.fail(f"no answer varies with its input (each is constant, or not finite), so a replayed answer cannot be "
+               f"told from a new one; {first} and the case's backward check judge those answers, and this check, "
+               f"which needs answers that vary, fails with them.")
     c.ok(f"a second, unseen input of the same case got answers of its own ({', '.join(compared)} compared)")

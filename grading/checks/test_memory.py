@@ -16,8 +16,8 @@ import pytest
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
-from grading.checks.flash_checks import run_case, what_failed
-from grading.matrix import MEMORY_CASE, slot_device
+from grading.checks.flash_checks import fail_unanswered, got_no_answer, run_case, traceback_of, what_failed
+from grading.matrix import MEMORY_CASE, flash_cases, slot_device
 
 # On a GPU one N x N fp32 matrix is 1 GiB at N=16384. The PyTorch slot is measured on the CPU,
 # where the official tests run it, with MEMORY_CASE.
@@ -30,6 +30,11 @@ def shard(params: dict, per_kernel: bool) -> str:
     """The PyTorch slot's memory joins the slot's shard (its case is one of the slot's own, so the
     slot's reply serves it); the Triton slot's runs at N = 16384 in a runner of its own."""
     return "pytorch" if params["slot"] == "pytorch" else f"memory-{params['slot']}"
+
+
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, known at collection (test_flash.check_of)."""
+    return "memory", params["phase"], "memory"
 
 
 def _limit_bytes(case) -> int:
@@ -71,8 +76,13 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
         note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the {case.dtype} "
                 f"checks of the slot charge already.")
         case, reply = twin, fp32_reply
+    graded_case = case in [flash_case for _, flash_case in flash_cases(slot, grading.on_gpu)]
+    if graded_case and got_no_answer(reply):  # the slot's forward check of this case charges it
+        fail_unanswered(c, reply, f"flash_{slot}::forward[{case.id}]", "measure")
     c.settle_reply(reply)
     if phase == "backward" and (error := reply.result.get("backward_error")):
+        if graded_case and error["status"] == outcomes.ERROR:
+            fail_unanswered(c, reply, f"flash_{slot}::backward[{case.id}]", "measure")
         c.fail(f"the backward raised {error['message']}", outcome=outcomes.NOT_ATTEMPTED if error["status"] ==
                outcomes.NOT_ATTEMPTED else outcomes.ERROR)
     seen = reply.result[phase]
@@ -95,13 +105,6 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
 def measured(reply, phase) -> bool:
     """Whether `phase` ran, so that its memory was measured."""
     return reply.ok and phase in reply.result
-
-
-def traceback_of(reply) -> str:
-    """The traceback of what went wrong: the backward's where the forward ran."""
-    if reply.ok:
-        return (reply.result.get("backward_error") or {}).get("traceback", "")
-    return reply.traceback
 
 
 def raised(reply, phase) -> bool:

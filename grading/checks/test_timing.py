@@ -69,6 +69,11 @@ def window_bytes(case, warm_replies) -> int:
     return sum(max(reply.gpu_peak, tiled) for reply in warm_replies) + (1 << 30)
 
 
+def check_of(test: str, params: dict) -> tuple:
+    """(part, check, tier) of a test of this module, known at collection (test_flash.check_of)."""
+    return "timing", f"flash_{params['slot']}", "timing"
+
+
 def both(runners, requests, timeout):
     """One call on each runner at once, each in a thread of its own; their replies."""
     with ThreadPoolExecutor(2) as pool:

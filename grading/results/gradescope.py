@@ -147,6 +147,9 @@ def grouped(results: dict, rubric) -> dict:
     points_of = {key: as_number(shared.get(key), rubric.points(key)) if shared else rubric.points(key)
                  for key in by_group}
     unrecorded = as_number(results.get("max_score")) - sum(r.max_score for r in records) > 1e-3
+    # How many checks of each group never ran (scoring.assemble knows every check's group from
+    # collection); a results.json older than that leaves it to the points, below.
+    never_run = as_dict(extra.get("never_run_by_group")) if "never_run_by_group" in extra else None
     by_group = {key: rs for key, rs in by_group.items() if rs or (unrecorded and points_of[key] > 0)}
     # Parts as results.json lists them (the rubric's order), then any other.
     labels = {**rubric.parts, **{p: as_text(as_dict(v).get("label")) or p
@@ -162,12 +165,14 @@ def grouped(results: dict, rubric) -> dict:
             known = key in rubric.groups or not rs
             advice = rubric.advice(key) if known else any(r.advice for r in rs)
             score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
-            whole = True  # every check of the group was recorded
-            if known and (most > 0 or not rs):  # the group's points, not a sum of shares rounded per check
+            unrun = int(as_number(never_run.get(key))) if never_run is not None else 0
+            whole = not unrun  # every check of the group was recorded
+            if known and (most > 0 or not rs or unrun):  # the group's points, not a sum of shares rounded per check
                 points = points_of[key]
-                # ... unless its recorded checks hold less than its points (a run stopped early, whose
-                # unrun checks keep their shares): then what they earned, never scaled up
-                whole = abs(most - points) <= 1e-3 * max(1, len(rs))
+                # ... unless some of its checks never ran (they keep their shares): then what the
+                # recorded ones earned, never scaled up
+                if never_run is None:  # an older results.json: its recorded checks hold less than its points
+                    whole = abs(most - points) <= 1e-3 * max(1, len(rs))
                 score, most = (points * score / most if whole and most else score), points
             test = {
                 "number": f"{part_number}.{number}",
@@ -175,9 +180,10 @@ def grouped(results: dict, rubric) -> dict:
                 "score": round(score, 4), "max_score": round(most, 4),
                 # a group with checks that never ran has passed nothing yet, whatever those that ran did
                 "status": verdict if whole or verdict == "failed" else None,
-                "output": group_output(rs) + ("" if whole or not rs else
-                                              "\n\n_Some checks of this group never ran: their share counts 0 "
-                                              "until the submission is regraded._"),
+                "output": group_output(rs) + ("" if whole or not rs else "\n\n_" + (
+                    f"{unrun} check{'s' * (unrun > 1)} of this group never ran" if unrun else
+                    "Some checks of this group never ran") + ": their share counts 0 until the submission is "
+                    "regraded._"),
                 "output_format": "md",
                 "tags": [part, *key.split(".")[2:3]] + (["advice"] if advice else []),
                 "visibility": rubric.visibility(key) if known else rs[0].visibility,

@@ -18,41 +18,35 @@ def _function(nodeid: str) -> str:
     return nodeid.split("[", 1)[0]
 
 
-def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None) -> dict:
+def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None, groups=None) -> dict:
     """Score every current check of one submission and write reports/<submission>/results.json.
 
     expected / modules: the tests a full run holds and the modules collected whole (see
-    current_records); by default what <submission>/collected.json says. An expected test with
-    no record counts as not graded, and so does a check the grader itself failed on: then the
-    submission is incomplete, and its output says so first.
+    current_records); groups: {test id: rubric group} of the collected tests; by default what
+    <submission>/collected.json says. An expected test with no record counts as not graded, and
+    so does a check the grader itself failed on: then the submission is incomplete, and its
+    output says so first.
     """
     folder = reports / submission
     if expected is None:
         expected, modules = store.load_collected(reports, submission)
+        groups = store.collected_groups(reports, submission)
     records = store.current_records(folder, expected, modules)
     info = store.read_info(reports, submission)
 
     # The maximum is the rubric's total, the same for every submission (Rubric.weights): a group none
     # of whose checks apply (all skipped: ddp.bucketing for a 2026-template submission, FSDP for a
-    # 2025 one, a replay whose case never answered) shares its points out over the others. A group's
+    # 2025 one, a replay of the template's stub) shares its points out over the others. A group's
     # points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
     # one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
     # total is provisional or incomplete, not smaller.
-    applying = [r for r in records if r.outcome != SKIPPED]
-    group_sizes = Counter(r.group for r in applying)
-    skipped_groups = {r.group for r in records} - set(group_sizes)
-    weights = rubric.weights(skipped_groups)
-    # A run stopped early (a time limit, -x) leaves tests never run, whose groups nobody knows
-    # until they run. Each is counted in every group its test function's recorded checks belong
-    # to, so a group's recorded checks never share out points that unrun ones may yet earn: partial
-    # credit errs low, never high (the total says it is incomplete either way).
     recorded = {r.nodeid for r in records}
     never_run = sorted(set(expected or ()) - recorded)
-    groups_of_function = {}
-    for r in applying:
-        groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
-    unrecorded = Counter(g for n in never_run for g in groups_of_function.get(_function(n), ()))
-    group_sizes.update(unrecorded)
+    unrun = unrun_by_group(never_run, groups or {}, records)
+    applying = [r for r in records if r.outcome != SKIPPED]
+    group_sizes = Counter(r.group for r in applying) + unrun
+    skipped_groups = {r.group for r in records} - set(group_sizes)
+    weights = rubric.weights(skipped_groups)
     def new_part(label):  # every part says its advice share, 0 where it has no advice (grades.csv's columns)
         return {"label": label, "score": 0.0, "max_score": 0.0, "advice_score": 0.0, "advice_max_score": 0.0,
                 "checks": 0, "not_graded_here": 0}
@@ -62,7 +56,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
         if group in skipped_groups:
             continue
         # the points no recorded check of the group holds: all of them, or the unrun checks' share
-        waiting = weights[group] * (unrecorded[group] / group_sizes[group] if group in group_sizes else 1.0)
+        waiting = weights[group] * (unrun[group] / group_sizes[group] if group in group_sizes else 1.0)
         if waiting:
             part = parts.setdefault(group.split(".")[0], new_part(group.split(".")[0]))
             part["max_score"] += waiting
@@ -143,6 +137,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                        "isolation": info.get("isolation"), "interrupted": info.get("interrupted"),
                        "group_points": {g: round(w, 6) for g, w in weights.items()},
                        "wall_seconds": info.get("wall_seconds"), "check_seconds": check_seconds,
+                       "never_run_by_group": dict(sorted(unrun.items())),
                        "incomplete": incomplete, "provisional": provisional, "not_graded_here": len(not_here),
                        "checks_graded": graded, "checks_expected": total,
                        "ungraded": ungraded},
@@ -151,6 +146,20 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     store.write_json(folder / "results.json", results)
     store.write_json(folder / "gradescope.json", gradescope.grouped(results, rubric))
     return results
+
+
+def unrun_by_group(never_run: list, groups: dict, records: list) -> Counter:
+    """How many tests that never ran each group holds. A test's group is known at collection
+    (`groups`, from collected.json), so a group all of whose checks were recorded gets its final
+    score whatever else never ran. Where an older grader's collected.json does not say, the test
+    is counted in every group its test function's recorded checks belong to: its group's recorded
+    checks then never share out points that it may yet earn (partial credit errs low, never high)."""
+    groups_of_function = {}
+    for r in records:
+        if r.outcome != SKIPPED:
+            groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
+    return Counter(g for n in never_run
+                   for g in ([groups[n]] if n in groups else groups_of_function.get(_function(n), ())))
 
 
 def main(argv=None) -> int:

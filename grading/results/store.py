@@ -26,7 +26,8 @@ temporary file that then replaces it, so a reader never sees half of one):
   <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
                              per test module, as the sessions collected them (update_collected).
                              A check is named by its module and test, "grading.checks.test_flash::
-                             test_forward[...]" (plugin.check_id), the same from any rootdir.
+                             test_forward[...]" (plugin.check_id), the same from any rootdir;
+                             and each test's rubric group, known before it runs.
   <sub>/results.json         the controller (assemble), when a submission's last check of the
                              session finishes and again at session end; its parts in the
                              rubric's order (the pages show them in that order).
@@ -170,10 +171,12 @@ def _module(nodeid: str) -> str:
     return nodeid.split("::", 1)[0]
 
 
-def update_collected(reports: Path, submission: str, tests: list, whole: set) -> None:
+def update_collected(reports: Path, submission: str, tests: list, whole: set, groups: dict | None = None) -> None:
     """Remember which tests a full run holds for `submission`: a module collected whole (before
     -k / --deselect: `whole`) replaces what was known of it, so a renamed case drops out; one
-    collected in part (tests named by id) only adds its tests. Only the controller calls this."""
+    collected in part (tests named by id) only adds its tests. `groups`: each test's rubric group,
+    known at collection (grading/check.py declared_group), so that scoring knows the group of a
+    test that never ran. Only the controller calls this."""
     path = reports / submission / "collected.json"
     known = read_json(path, {})
     modules = known.get("modules") if isinstance(known, dict) and isinstance(known.get("modules"), dict) else {}
@@ -186,7 +189,8 @@ def update_collected(reports: Path, submission: str, tests: list, whole: set) ->
             modules[module] = {"whole": True, "tests": sorted(ids)}
         else:
             modules[module] = {"whole": bool(old.get("whole")), "tests": sorted(ids | set(old.get("tests") or []))}
-    write_json(path, {"modules": modules})
+    known_groups = known.get("groups") if isinstance(known, dict) and isinstance(known.get("groups"), dict) else {}
+    write_json(path, {"modules": modules, "groups": {**known_groups, **(groups or {})}})
 
 
 def load_collected(reports: Path, submission: str):
@@ -198,6 +202,14 @@ def load_collected(reports: Path, submission: str):
     modules = {m: v for m, v in modules.items() if isinstance(v, dict)}
     expected = {t for v in modules.values() for t in v.get("tests") or [] if isinstance(t, str)}
     return expected, {m for m, v in modules.items() if v.get("whole")}
+
+
+def collected_groups(reports: Path, submission: str) -> dict:
+    """{test id: rubric group} of the tests collected for `submission` ({} if unknown: an older
+    grader's collected.json)."""
+    known = read_json(reports / submission / "collected.json")
+    groups = known.get("groups") if isinstance(known, dict) else None
+    return {t: g for t, g in groups.items() if isinstance(g, str)} if isinstance(groups, dict) else {}
 
 
 def read_check(path: Path) -> CheckRecord | None:

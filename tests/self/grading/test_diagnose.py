@@ -291,3 +291,17 @@ def test_exp2_and_a_hard_coded_head_dim_too_close_to_tell_apart_name_both():
     o = (base2_forward(q, k, v, False)[0] + mistakes.with_scale(q, k, v, do, False, 1 / 8)["o"]) / 2
     sentence = sentence_for(case, {"o": o})[0]
     assert "either the head dimension is hard-coded" in sentence and "too close to tell apart" in sentence, sentence
+
+
+def test_a_few_wrong_rows_are_counted_not_rounded_to_zero_percent():
+    """3 wrong rows of 2 x 256 said "wrong in 1% of its rows" at best and "0%" with more rows:
+    the sentence counts them."""
+    case = FlashCase(batch=(2,), n_queries=256, n_keys=256, head_dim=32)
+    q, k, v, do = make_inputs(case, seed=7)
+    right = attention_and_grads(q, k, v, do)
+    o, L = right["o"].clone(), right["L"].clone()
+    for b, row in ((0, 5), (1, 77), (1, 200)):
+        o[b, row] += 1.0
+        L[b, row] += 1.0
+    sentence = sentence_for(case, {"o": o, "L": L})[0]
+    assert "o is wrong in 3 of its 512 query rows" in sentence and "%" not in sentence

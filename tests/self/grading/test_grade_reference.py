@@ -1,11 +1,13 @@
 """The grader, run exactly as a user runs it, gives the bundled reference submission full marks."""
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
+from grading.results import scoring
 from grading.rubric import Rubric
 from tests.self.grading.test_examples import demo_class_reports
 
@@ -40,3 +42,23 @@ def test_reference_scores_full_marks(tmp_path):
     assert parts["flash_pytorch"]["max_score"] > 0 and parts["flash_triton"]["max_score"] > 0
     if log is not None:
         assert "grades" in log and "reference" in log
+    stopped_at_the_triton_checks(reports, tmp_path / "stopped")
+
+
+def stopped_at_the_triton_checks(reports: Path, stopped: Path):
+    """The reference's run as a time limit would have left it before its Triton forward and
+    backward checks (their check files gone), assembled as run_autograder does: the PyTorch
+    groups, all of whose checks ran, score in full; the Triton groups hold their points back."""
+    shutil.copytree(reports / "reference", stopped / "reference")
+    for path in (stopped / "reference" / "checks").glob("flash_triton_*ward_*.json"):
+        path.unlink()
+    results = scoring.assemble(stopped, "reference", Rubric())
+    grouped = {t["extra_data"]["group"]: t for t in
+               json.loads((stopped / "reference" / "gradescope.json").read_text())["tests"]}
+    rubric = Rubric()
+    for group in ("flash_pytorch.forward.course", "flash_pytorch.backward.course", "flash_pytorch.forward.handout"):
+        assert grouped[group]["score"] == grouped[group]["max_score"] == rubric.points(group), grouped[group]
+        assert "never ran" not in grouped[group]["output"]
+    unrun = results["extra_data"]["never_run_by_group"]
+    assert unrun and all(group.startswith("flash_triton.") for group in unrun)
+    assert all(grouped[g]["score"] == 0 for g in unrun if g.endswith(("forward.course", "backward.course")))

@@ -358,6 +358,53 @@ def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
     assert "status" not in forward and "never ran" in forward["output"]  # not "passed" with 3 checks to go
 
 
+def test_a_stopped_run_scores_its_complete_groups_in_full(tmp_path):
+    """A run stopped after the PyTorch course checks, before the Triton ones (a time limit): every
+    test's group is known from collection, so the PyTorch groups, all of whose checks ran, score
+    in full, and only the Triton groups hold their points back. Neither gradescope.json nor the
+    pages say that a PyTorch check never ran."""
+    rubric = Rubric()
+    ids, groups = [], {}
+    for slot in ("pytorch", "triton"):
+        for phase in ("forward", "backward"):
+            for case in ("a", "b"):
+                nodeid = f"{MOD}::test_{phase}[alice-{slot}-{case}]"
+                ids.append(nodeid)
+                groups[nodeid] = f"flash_{slot}.{phase}.course"
+                if slot == "pytorch":  # the Triton checks never ran
+                    store.write_check(tmp_path, CheckRecord(
+                        "alice", f"flash_{slot}", phase, case=case, tier="course", group=groups[nodeid],
+                        outcome="passed", output="passed", nodeid=nodeid))
+    store.update_collected(tmp_path, "alice", ids, {MOD}, groups)
+    graded = scoring.assemble(tmp_path, "alice", rubric)
+    full = rubric.points("flash_pytorch.forward.course") + rubric.points("flash_pytorch.backward.course")
+    assert graded["score"] == pytest.approx(full) and graded["max_score"] == pytest.approx(rubric.total())
+    assert graded["extra_data"]["incomplete"] is True
+    assert graded["extra_data"]["never_run_by_group"] == {"flash_triton.backward.course": 2,
+                                                          "flash_triton.forward.course": 2}
+    grouped = {t["extra_data"]["group"]: t for t in
+               json.loads((tmp_path / "alice" / "gradescope.json").read_text())["tests"]}
+    for phase in ("forward", "backward"):
+        done, waiting = grouped[f"flash_pytorch.{phase}.course"], grouped[f"flash_triton.{phase}.course"]
+        assert done["score"] == done["max_score"] == rubric.points(f"flash_pytorch.{phase}.course")
+        assert done["status"] == "passed" and "never ran" not in done["output"]
+        assert waiting["score"] == 0 and waiting["max_score"] == rubric.points(f"flash_triton.{phase}.course")
+        assert "status" not in waiting and "Not graded yet" in waiting["output"]
+    build_reports(tmp_path)
+    page = (tmp_path / "alice" / "index.html").read_text()
+    assert "4 never ran" in page and "alice-pytorch" not in page.split("never ran", 1)[1]
+    # One Triton check ran after all: its group says how many of its checks did not.
+    store.write_check(tmp_path, CheckRecord("alice", "flash_triton", "forward", case="a", tier="course",
+                                            group="flash_triton.forward.course", outcome="passed",
+                                            nodeid=f"{MOD}::test_forward[alice-triton-a]"))
+    scoring.assemble(tmp_path, "alice", rubric)
+    grouped = {t["extra_data"]["group"]: t for t in
+               json.loads((tmp_path / "alice" / "gradescope.json").read_text())["tests"]}
+    half = grouped["flash_triton.forward.course"]
+    assert half["score"] == pytest.approx(rubric.points("flash_triton.forward.course") / 2, abs=1e-3)
+    assert "1 check of this group never ran" in half["output"] and "status" not in half
+
+
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
     nodeid = f"{MOD}::test_forward[alice-pytorch-a]"
     store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))

@@ -288,9 +288,9 @@ def write_class_member(reports: Path, submission: str, skipped: set, failed: set
 
 
 def test_every_submission_is_graded_out_of_the_same_total(tmp_path):
-    """A group that does not apply (2025 vs 2026 template) or could not be measured (a replay whose
-    first call got no answer, state_sharded with no readable state) shares its points with its
-    part's other groups: the maximum never moves, and an excused check costs nothing."""
+    """A group that does not apply (2025 vs 2026 template, a replay of the template's stub) or could
+    not be measured (state_sharded with no readable state) shares its points with its part's other
+    groups: the maximum never moves, and an excused check costs nothing."""
     rubric = Rubric()
     fsdp = {g for g in rubric.groups if g.startswith("fsdp.")}
     variants = {"all": set(), "t2026": {"ddp.bucketing"}, "t2025": fsdp,
