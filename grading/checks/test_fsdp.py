@@ -185,9 +185,9 @@ def test_fsdp_equivalence(grading, submission, check, precision):
         layers_ignored_it = bool(layer_dtypes) and dtype not in layer_dtypes
         if forward_ignored_it or layers_ignored_it or from_fp32 <= FP32_MATCH < gap:
             c.fail(f"compute_dtype={dtype} had no effect: "
-                   + (f"the wrapper's forward computed nothing in {dtype} (its operations produced "
+                   + (f"the layers computed in {', '.join(layer_dtypes)}" if layers_ignored_it
+                      else f"the wrapper's forward computed nothing in {dtype} (its operations produced "
                       f"{', '.join(forward_dtypes)} tensors only)" if forward_ignored_it
-                      else f"the layers computed in {', '.join(layer_dtypes)}" if layers_ignored_it
                       else f"the parameters match training entirely in float32 (max difference {from_fp32:.1e})")
                    + "; cast the gathered weights to it, as the handout says, 'before communicating or using them "
                      "for compute'.", rule + seen)
