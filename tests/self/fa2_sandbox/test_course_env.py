@@ -239,7 +239,7 @@ def test_missing_declared_package_ends_the_import_error_with_advice(tmp_path):
     try:
         assert ready["import_error"] == (
             "tests/adapters.py failed to import: ModuleNotFoundError: No module named "
-            "'definitely_not_installed_pkg'. " + course_env.notes(root)[0])
+            "'definitely_not_installed_pkg' (tests/adapters.py, line 1). " + course_env.notes(root)[0])
         assert course_env.notes(root)[0].startswith("The submission declares definitely-not-installed-pkg "
                                                     "(cs336-basics/pyproject.toml), which this grader's Python "
                                                     "lacks; tests/adapters.py imports it. Install it")
@@ -252,7 +252,7 @@ def test_undeclared_missing_package_gets_no_advice(tmp_path):
     runner, ready = start(root)
     try:
         assert ready["import_error"] == ("tests/adapters.py failed to import: ModuleNotFoundError: "
-                                         "No module named 'definitely_not_installed_pkg'")
+                                         "No module named 'definitely_not_installed_pkg' (tests/adapters.py, line 1)")
     finally:
         runner.close()
 
