@@ -50,7 +50,7 @@ TRUSTED_MODULES = ["fa2_sandbox/__init__.py", "fa2_sandbox/runner/*.py", "fa2_sa
 # A checkout's bundled submissions link into its reference/: the only links that may leave a submission.
 # The bundled submissions that link to the checkout's reference/ package (a link the copy follows).
 BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16",
-                       "submissions/examples/triton_backward_python_loop"]
+                       "submissions/examples/triton_backward_python_loop", "submissions/examples/triton_asserts_cuda"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
             "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
             "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)

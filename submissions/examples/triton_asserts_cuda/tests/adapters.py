@@ -7,6 +7,15 @@ import torch
 from cs336_systems.flash_triton import FlashAttentionTriton
 
 
+class CudaOnlyFlashAttentionTriton(FlashAttentionTriton):
+    """The reference's Triton class, refusing CPU tensors as a public repo's does."""
+
+    @staticmethod
+    def forward(ctx, q, k, v, is_causal=False):
+        assert q.is_cuda and k.is_cuda and v.is_cuda, "Triton kernel only support CUDA"
+        return FlashAttentionTriton.forward(ctx, q, k, v, is_causal)
+
+
 def get_flashattention_autograd_function_pytorch() -> Type:
     """
     Returns a torch.autograd.Function subclass that implements FlashAttention-2
@@ -30,7 +39,7 @@ def get_flashattention_autograd_function_triton() -> Type:
     Returns:
         A class object (not an instance of the class)
     """
-    return FlashAttentionTriton
+    return CudaOnlyFlashAttentionTriton
 
 
 # The data-parallel, sharded-optimizer and FSDP adapters were deleted from this copy of the
