@@ -387,6 +387,10 @@ def print_phases(r: dict) -> None:
         longest = max((gap[1] for gap in gaps), default=0.0)
         print(f"{r['scenario']}: CPU and GPU both idle while checks remained: longest {longest:.0f} s"
               + (" (" + ", ".join(f"{s:.0f} s at {t:.0f} s" for t, s in gaps) + ")" if gaps else ""))
+    if use.get("cpu_by_role"):
+        total = sum(use["cpu_by_role"].values()) or 1.0
+        print(f"{r['scenario']}: where the CPU went (core-seconds): " + ", ".join(
+            f"{role} {s:.0f} ({s / total:.0%})" for role, s in list(use["cpu_by_role"].items())[:8]))
     windows = r.get("windows") or {}
     if windows:
         waits = sorted(w.get("waited_s", 0) + w.get("in_flight_s", 0) for w in windows.values())

@@ -12,6 +12,10 @@ the most memory.used any sample saw (every process's, the grader's own included)
 nvidia-smi. "both_idle": the stretches in which neither the CPUs nor any GPU worked. A grading
 run that keeps the CPUs busy and a GPU busy a third of the time is CPU-bound: a second GPU cannot
 speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
+
+"cpu_by_role": where the CPU went, in core-seconds, by what each process is (ROLES, from its
+command line; /proc/<pid>/stat's utime + stime, summed between samples, so a process's last
+second before it exits is lost).
 """
 import os
 import shutil
@@ -44,6 +48,42 @@ def gpu_utilization():
         return []
 
 
+# What a process is, from its command line: the first role whose words it holds.
+ROLES = (
+    ("runner (student code)", ("fa2_sandbox.runner.serve",)),
+    ("torch.compile workers", ("compile_worker",)),
+    ("distributed ranks", ("multiprocessing", "spawn_main", "torch.distributed")),
+    ("grader workers", ("execnet", "xdist", "import sys;exec(eval(")),
+    ("grader controller", ("pytest",)),
+    ("compilers (ptxas, gcc, ld)", ("ptxas", "cc1", "gcc", "/ld", "collect2", "cicc")),
+    ("nvidia-smi", ("nvidia-smi",)),
+)
+
+
+def process_cpu():
+    """{pid: (core-seconds of user and system time, role)} of every process now, or {} without /proc."""
+    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    found = {}
+    try:
+        pids = [name for name in os.listdir("/proc") if name.isdigit()]
+    except OSError:
+        return found
+    for pid in pids:
+        try:
+            with open(f"/proc/{pid}/stat") as f:
+                stat = f.read()
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                command = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
+        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
+        comm = stat[stat.index("(") + 1:stat.rindex(")")]
+        role = next((name for name, words in ROLES if any(w in command for w in words)), f"other ({comm})")
+        found[int(pid)] = (seconds, role)
+    return found
+
+
 CPU_IDLE = 0.10  # a sample period in which less than this share of the cores was busy
 IDLE_GAP_S = 2.0  # both-idle stretches shorter than this are not listed
 
@@ -52,11 +92,20 @@ class Utilization:
     def __init__(self, period: float = 1.0):
         self.period = period
         self.samples = []  # (monotonic time, cpu_times(), gpu_utilization())
+        self.by_role = {}  # role -> core-seconds
+        self._seen = {}  # pid -> (core-seconds at the last sample, role)
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self):
         self.samples.append((time.monotonic(), cpu_times(), gpu_utilization()))
+        now = process_cpu()
+        for pid, (seconds, role) in now.items():
+            before = self._seen.get(pid)
+            # a pid first seen counts from 0 unless it was there at the start (then from its first sample)
+            start = before[0] if before is not None else (seconds if len(self.samples) == 1 else 0.0)
+            self.by_role[role] = self.by_role.get(role, 0.0) + max(0.0, seconds - start)
+        self._seen = now
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -85,7 +134,8 @@ class Utilization:
         memory = [max(s[2][i][1] for s in self.samples) / 1024 for i in range(gpus)]
         return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
                 "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory],
-                "both_idle": self.both_idle()}
+                "both_idle": self.both_idle(),
+                "cpu_by_role": {role: round(s, 1) for role, s in sorted(self.by_role.items(), key=lambda x: -x[1]) if s >= 0.5}}
 
     def both_idle(self) -> list:
         """[start, seconds] of every stretch of at least IDLE_GAP_S, from the first sample, in

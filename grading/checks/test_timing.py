@@ -15,6 +15,7 @@ import torch
 from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.harness.gpu_ledger import wait_for_idle_gpu
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
 from grading.checks.flash_checks import oracle_bytes, stored_as
@@ -136,6 +137,11 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     student, reference = runners
     warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed,
                            "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, timeout)
+    if warm[0].status == "timeout":
+        c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
+               f"had not ended after {timeout:.0f} s, so no pass was timed; this advice check waits no longer, "
+               f"as the class's other checks need the worker.", warm[0].message, outcome=outcomes.TIMEOUT,
+               seconds=warm[0].seconds)
     c.settle_reply(warm[0])
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")

@@ -34,3 +34,19 @@ def test_stretches_with_idle_cpus_and_no_kernel_running_are_listed():
         t, jiffies = t + 1, jiffies + c
         use.samples.append((float(t), (jiffies, t * 1000), [(float(g), 0.0)]))
     assert use.both_idle() == [[2.0, 4.0]]  # seconds 3 to 6; second 8 alone is under IDLE_GAP_S
+
+
+def test_the_cpu_of_each_process_goes_to_its_role():
+    """A busy child process named like a runner: its core-seconds land under the runner's role."""
+    import subprocess
+    import sys
+    import time
+
+    from bench.utilization import Utilization
+    spin = "import time\nend = time.time() + 1.5\nwhile time.time() < end: pass\n"
+    with Utilization(period=0.25) as use:
+        child = subprocess.Popen([sys.executable, "-c", spin, "fa2_sandbox.runner.serve"])
+        child.wait()
+        time.sleep(0.3)
+    roles = use.summary()["cpu_by_role"]
+    assert 0.8 <= roles.get("runner (student code)", 0) <= 2.0, roles

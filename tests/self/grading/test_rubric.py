@@ -46,7 +46,7 @@ def test_the_hostile_rubric_loads():
      "allowed: visible, hidden, after_due_date, after_published"),
     ("tolerances: {}", "tolerances: {output_fator: 2}",
      "tolerances.output_fator is not a known key here; allowed: output_factor, grad_factor"),
-    ("  timing: 300", "  timings: 300",
+    ("  timing: 120", "  timings: 120",
      "timeouts.timings is not a known key here; allowed: import, flash, flash_interpreted, distributed, timing"),
     ("memory.forward: {points: 3,", "memory.forward: {points: abc,",
      "groups.memory.forward.points is 'abc'; allowed: a number"),
