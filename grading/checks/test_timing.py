@@ -146,7 +146,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")
     prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(grading.seed, n)}
-                              for n in (tw.MAX_PASSES, 2 * tw.REFERENCE_PASSES)], timeout)
+                              for n in (tw.MAX_PASSES, tw.REFERENCE_INPUTS)], timeout)
     c.settle_reply(prepared[0])
     if not prepared[1].ok:
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",

@@ -30,6 +30,15 @@ inputs and writing outputs inside them left the GPU idle most of that time
 
 The reference's configs at the timing case are fixed (reference/flash_triton.py PINNED), so its
 time in one window is its time in every other: no autotune run under load picks it.
+
+A stretch's time holds what its ends cost: the synchronize, the phase message's way from the
+runner to the grader on a CPU that a class keeps 95% busy, the first launch. In stretches of 3
+passes the reference read 1.9 to 3.9 ms in the windows of three runs (1.68 ms in do_bench on
+the idle GPU) while SDPA, timed in the same windows with CUDA events, read its idle time
+(notes/grading-speed.md, 2026-11-28). So the reference's stretches are REFERENCE_STRETCH passes
+long, cycling over the REFERENCE_INPUTS it prepared: it is the grader's own code, which caches
+nothing, so its time does not depend on seeing an input twice. The student's passes keep an
+input each, never seen before: a class that remembered one could answer a second time for free.
 """
 import time
 from dataclasses import dataclass, field
@@ -41,7 +50,9 @@ RESERVE_S = 0.5  # what the window keeps after the student's passes: the referen
 SDPA_S = 0.15  # SDPA's peer figure (test_timing.py), its inputs drawn and its kernels loaded before
 REFERENCE_GRACE_S = 10.0  # how far past the deadline a reference call may run before it is stopped
 MAX_PASSES = 12  # the student's (each holds its inputs on the GPU until it runs: 128 MiB at the timing case)
-REFERENCE_PASSES = 6  # per round, timed in two stretches
+REFERENCE_STRETCH = 12  # the reference's passes per stretch: its ends cost ~1 ms under load, 1.7 ms a pass
+REFERENCE_PASSES = 2 * REFERENCE_STRETCH  # per round, timed in two stretches (about 40 ms at the timing case)
+REFERENCE_INPUTS = 6  # prepared by the reference and cycled over by its passes
 DECIDED = 2.0  # a first pass this many times over the budget fails it at once
 
 
@@ -96,18 +107,19 @@ class Measured:
 def measure(student, reference, request: dict, budget_ratio: float, deadline: float, clock=time.monotonic,
             student_passes: int = MAX_PASSES, reference_passes: int = REFERENCE_PASSES) -> Measured:
     """Steps 1 to 4 above, in the window, before `deadline` (on `clock`). `request` holds the
-    case; the runners have prepared `student_passes` and 2 x `reference_passes` inputs. The
+    case; the runners have prepared `student_passes` and REFERENCE_INPUTS inputs. The
     reference's calls are the grader's own code: they are never stopped at the deadline (its
     second round is left out when the time left would not hold it)."""
     m = Measured()
 
-    def timed(runner, passes, per_sync, until):
-        return runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": per_sync},
+    def timed(runner, passes, per_sync, until, cycle=False):
+        return runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": per_sync, "cycle": cycle},
                            max(until - clock(), 0.05))
 
     def reference_round(step) -> bool:
         started = clock()
-        reply = timed(reference, reference_passes, stretches(reference_passes, 2), deadline + REFERENCE_GRACE_S)
+        reply = timed(reference, reference_passes, stretches(reference_passes, 2), deadline + REFERENCE_GRACE_S,
+                      cycle=True)
         m.steps[step] = clock() - started
         if not reply.ok:
             m.failed, m.failure = "reference", reply
