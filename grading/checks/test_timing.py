@@ -76,9 +76,11 @@ def check_of(test: str, params: dict) -> tuple:
 
 
 def both(runners, requests, timeout):
-    """One call on each runner at once, each in a thread of its own; their replies."""
+    """One call on each runner at once, each in a thread of its own; their replies. `timeout`: the
+    seconds of both calls, or a pair (the student's, the reference's)."""
+    timeouts = timeout if isinstance(timeout, tuple) else (timeout, timeout)
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda pair: pair[0].call(pair[1], timeout), zip(runners, requests)))
+        return list(pool.map(lambda call: call[0].call(call[1], call[2]), zip(runners, requests, timeouts)))
 
 
 def sdpa_peer(case, seed):
@@ -113,6 +115,10 @@ def test_budget(grading, submission, check, slot):
     grading.fail_if_stub(c, submission, FLASH_SLOTS[slot])
     request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
+    # The warm-up gets what the runners' start and import left of the limit: in a run of 16
+    # timing checks at once, a start, an import and a warm-up of 120 s each held a worker and the
+    # check queued behind it for over 200 s (notes/grading-speed.md, 2026-11-28, second session).
+    began = time.monotonic()
     # Both runners start here, in this thread: a runner dies with the thread that started it
     # (launcher.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
     # student's adapters import.
@@ -123,7 +129,7 @@ def test_budget(grading, submission, check, slot):
     reference.import_failure()
     runners = (student, reference)
     try:
-        timing = measure_budget(c, grading, submission, runners, request, case, budget, timeout)
+        timing = measure_budget(c, grading, submission, runners, request, case, budget, timeout, began)
     finally:  # the prepared inputs left on the GPU go
         for runner in runners:
             if runner.process is not None:
@@ -131,17 +137,19 @@ def test_budget(grading, submission, check, slot):
     judge_budget(c, budget, case, timing)
 
 
-def measure_budget(c, grading, submission, runners, request, case, budget, timeout) -> dict:
+def measure_budget(c, grading, submission, runners, request, case, budget, timeout, began) -> dict:
     """Warm up and prepare both sides outside the window, time them in it, and judge the
-    student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them)."""
+    student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them).
+    The warm-up ends `timeout` seconds after `began`, the check's start."""
     student, reference = runners
+    warm_s = max(1.0, began + timeout - time.monotonic())  # the reference's own warm-up keeps the whole limit
     warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed,
-                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, timeout)
+                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout))
     if warm[0].status == "timeout":
         c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
-               f"had not ended after {timeout:.0f} s, so no pass was timed; this advice check waits no longer, "
-               f"as the class's other checks need the worker.", warm[0].message, outcome=outcomes.TIMEOUT,
-               seconds=warm[0].seconds)
+               f"had not ended {timeout:.0f} s after the check began (its runner's start and import included), "
+               f"so no pass was timed; this advice check waits no longer, as the class's other checks need the "
+               f"worker.", warm[0].message, outcome=outcomes.TIMEOUT, seconds=warm[0].seconds)
     c.settle_reply(warm[0])
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")

@@ -151,3 +151,40 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
         reference.close()
     assert m.stopped_after_s is not None and m.first_ms is None and len(m.reference_ms) == 2
     assert held <= tw.WINDOW_S + 0.5  # the kill and the reap of the stopped runner
+
+
+def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_sentence():
+    """The timing check's warm-up ends `timing` seconds after the check began, its runner's start
+    and import included; the reference's warm-up keeps the whole limit (its slowness is the
+    grader's, never the student's)."""
+    from grading.checks import test_timing
+
+    asked = []
+
+    class Runner:
+        def __init__(self, reply):
+            self.reply = reply
+
+        def call(self, request, timeout):
+            asked.append((request["op"], round(timeout)))
+            return self.reply
+
+    class Failed(Exception):
+        pass
+
+    class Check:
+        def fail(self, sentence, evidence="", outcome="failed", **details):
+            raise Failed(sentence, evidence, outcome)
+
+    timed_out = SimpleNamespace(ok=False, status="timeout", message="timed out after 20 s in setup", seconds=20.0)
+    ready = SimpleNamespace(ok=True, status="ok", message="", seconds=3.0)
+    grading = SimpleNamespace(seed=5)
+    case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096, head_dim=64, dtype="bfloat16", is_causal=True)
+    with pytest.raises(Failed) as failed:
+        test_timing.measure_budget(Check(), grading, SimpleNamespace(name="alice"), (Runner(timed_out), Runner(ready)),
+                                   {"slot": "triton"}, case, {"ratio": 3.0}, 120.0, time.monotonic() - 100.0)
+    assert sorted(asked) == [("warm_timing", 20), ("warm_timing", 120)]
+    sentence, evidence, outcome = failed.value.args
+    assert sentence.startswith("its warm-up at the timing case (bf16-4096x4096-d64-causal: compiling, autotuning")
+    assert "had not ended 120 s after the check began (its runner's start and import included)" in sentence
+    assert evidence == "timed out after 20 s in setup" and outcome == "timeout"
