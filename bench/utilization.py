@@ -135,7 +135,8 @@ class Utilization:
         return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
                 "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory],
                 "both_idle": self.both_idle(),
-                "cpu_by_role": {role: round(s, 1) for role, s in sorted(self.by_role.items(), key=lambda x: -x[1]) if s >= 0.5}}
+                "cpu_by_role": {role: round(s, 1) for role, s in sorted(self.by_role.items(), key=lambda x: -x[1])
+                                if s >= 0.5}}
 
     def both_idle(self) -> list:
         """[start, seconds] of every stretch of at least IDLE_GAP_S, from the first sample, in
