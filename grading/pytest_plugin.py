@@ -18,6 +18,11 @@ folder a grading run starts in. So before any conftest is loaded, a run that wou
 settings other than the grader's starts again with the grader's own (`-c`), and says so: a
 checkout's pyproject.toml (rootdir the checkout), or, installed without one, the package's
 grading/pytest.ini (rootdir the folder the run started in, where --lf's cache then lives).
+
+A run with xdist workers starts again with `-c` even under the grader's settings: each worker
+parses the run's arguments again, later, when the folder after `--reports` exists (the run made
+it), takes it for a test path, finds no settings of ours, and would start again itself, which
+kills it: every worker died, and `-n 2 --reports DIR` for a new DIR ended "no tests ran".
 """
 import os
 import sys
@@ -86,6 +91,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
     ours = early_config.inipath is not None and early_config.inipath.resolve() == settings
     if not ours:
         restart_with_own_settings(early_config, settings)
+    told = namespace.inifilename is not None and Path(namespace.inifilename).resolve() == settings
+    if getattr(namespace, "numprocesses", None) not in (None, 0) and not told:
+        restart_with_own_settings(early_config, settings, say=False)  # for the workers (above)
     if not namespace.file_or_dir:
         # The installed checks, as if given on the command line. pytest finds its first
         # conftest.py files from the namespace (its own hook runs after this one) and collects
@@ -94,8 +102,9 @@ def pytest_load_initial_conftests(early_config, parser, args):
         namespace.file_or_dir = [str(CHECKS)]
 
 
-def restart_with_own_settings(early_config, settings: Path):
-    """Start this run again (exec: never returns) with `-c settings`, or stop if this is already the restart."""
+def restart_with_own_settings(early_config, settings: Path, say: bool = True):
+    """Start this run again (exec: never returns) with `-c settings`, or stop if this is already the
+    restart. `say`: tell the user that pytest took other settings (it did)."""
     found = early_config.inipath or "no settings file"
     if os.environ.get(RESTARTED):
         where = f"Run it from {GRADER_ROOT} and write" if in_checkout() else "Write"
@@ -105,9 +114,10 @@ def restart_with_own_settings(early_config, settings: Path):
     capture = early_config.pluginmanager.getplugin("capturemanager")
     if capture is not None:  # give the restarted run the terminal back, not pytest's capture files
         capture.stop_global_capturing()
-    print(f"[grader] pytest took its settings from {found} (rootdir {early_config.rootpath}), not the grader's: "
-          f"an option's value was read as a test path, or the folder has settings of its own. Starting again "
-          f"with the grader's own settings, {settings}.", file=sys.stderr, flush=True)
+    if say:
+        print(f"[grader] pytest took its settings from {found} (rootdir {early_config.rootpath}), not the grader's: "
+              f"an option's value was read as a test path, or the folder has settings of its own. Starting again "
+              f"with the grader's own settings, {settings}.", file=sys.stderr, flush=True)
     sys.stdout.flush()
     rootdir = GRADER_ROOT if in_checkout() else early_config.invocation_params.dir
     safe_path = ["-P"] if getattr(sys.flags, "safe_path", False) else []  # python -P: keep the cwd off sys.path

@@ -31,6 +31,20 @@ def test_a_repo_with_pytest_settings_of_its_own_and_an_existing_reports_folder(t
     assert not (tmp_path / "imported").exists()  # the repo's conftest.py never ran in the grader
 
 
+def test_workers_of_a_run_whose_reports_folder_is_new_grade(tmp_path):
+    """`-n 2 --reports DIR` (two words) with DIR new: the run finds the grader's settings, makes
+    DIR, and its workers, parsing the arguments again, took DIR for a test path, found no settings
+    and each started again, which killed it (node down, again and again; "no tests ran")."""
+    reports = tmp_path / "new-reports"
+    proc = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-n", "2",
+                           "--impl", "submissions/refer*", "--reports", str(reports), "-k", "test_budget and triton"],
+                          cwd=ROOT, capture_output=True, text=True, timeout=300)
+    out = proc.stdout + proc.stderr
+    assert "node down" not in out and "took its settings" not in out, out[-3000:]
+    assert proc.returncode == 0 and "1 skipped" in out, out[-3000:]  # the timing check: not graded on a CPU
+    assert (reports / "reference" / "results.json").is_file()
+
+
 def test_the_installed_settings_are_the_checkouts():
     """Installed without its checkout, a grading run uses grading/pytest.ini instead of
     pyproject.toml's [tool.pytest.ini_options]: the same addopts (plus --noconftest, which only a
