@@ -170,7 +170,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
         window["measured_s"] = time.monotonic() - started
     del sdpa
     ms = lambda values: round(tw.median(values), 3) if values else None  # noqa: E731
-    timing = {"student_ms": ms(m.student_ms or ([m.first_ms] if m.first_ms is not None else [])),
+    timing = {"student_ms": ms(m.student_times),
               "reference_ms": ms(m.reference_ms), "sdpa_ms": sdpa_ms, "ratio": m.ratio, "budget": budget["ratio"],
               "student_passes": m.passes, "reference_passes": m.reference_passes,
               "first_ms": m.first_ms, "decided_early": m.decided_early, "stopped_after_s": m.stopped_after_s,

@@ -97,11 +97,15 @@ class Measured:
     steps: dict = field(default_factory=dict)  # step -> seconds it took: where a window's time went
 
     @property
+    def student_times(self) -> list:
+        """The student's stretches, or its first pass alone where no more were timed."""
+        return self.student_ms or ([self.first_ms] if self.first_ms is not None else [])
+
+    @property
     def ratio(self) -> float | None:
-        student = self.student_ms or ([self.first_ms] if self.first_ms is not None else [])
-        if not student or not self.reference_ms:
+        if not self.student_times or not self.reference_ms:
             return None
-        return median(student) / median(self.reference_ms)
+        return median(self.student_times) / median(self.reference_ms)
 
 
 def measure(student, reference, request: dict, budget_ratio: float, deadline: float, clock=time.monotonic,
