@@ -65,8 +65,9 @@ def pytest_addoption(parser):
                          "the class page, grades.csv and gradescope_scores.csv list this run's submissions only)")
     group.addoption("--student-view", action="store_true", help="leave hidden checks out of the pages")
     group.addoption("--time-limit", type=float, default=None, metavar="S",
-                    help="seconds a run may grade for, as Gradescope's time limit: an advice check whose turn comes "
-                         "later is cut (fails, earning nothing); a requirement check is never cut (default: none)")
+                    help="seconds one submission may be graded for, as Gradescope's time limit: its checks' times, "
+                         "summed over the workers that ran them; an advice check whose turn comes later is cut (fails, "
+                         "earning nothing); a requirement or timing check is never cut (default: none)")
 
 
 def pytest_configure(config):

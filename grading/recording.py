@@ -123,6 +123,7 @@ class Recording:
         name = submission_of(item)
         if name is None:
             return
+        self.state.spent.add(name, report.duration)  # in the process that ran it: its submission's time
         # On this report only (not item.user_properties, which all its reports share).
         sent = [("grading_submission", name)]
         if self.is_worker and not self._collected_sent:

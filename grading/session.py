@@ -3,8 +3,8 @@ submissions, the rubric and seed, one runner per submission and shard, the repli
 the GPU this process grades on and its ledger."""
 import os
 import platform
+import tempfile
 import threading
-import time
 from contextlib import contextmanager
 from functools import cached_property
 from pathlib import Path
@@ -17,9 +17,10 @@ from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
-from grading import shards
+from grading import shards, time_limit
 from grading.results import store
 from grading.rubric import Rubric, RubricError
+from grading.time_limit import SpentTime
 
 
 def warm_up_cuda(device: torch.device) -> None:
@@ -45,8 +46,11 @@ class Grading:
         except NotASubmission as exc:
             raise pytest.UsageError(str(exc)) from None
         self.reports = Path(config.getoption("--reports"))
-        self.started = config.workerinput["grading_started"] if hasattr(config, "workerinput") else time.time()
         self.time_limit = config.getoption("--time-limit")
+        # Each submission's check time, shared by the run's processes: the controller makes the
+        # folder, its workers are told where (plugin.pytest_configure_node).
+        self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
+                               else tempfile.mkdtemp(prefix="fa2-spent-"))
         self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
@@ -154,16 +158,18 @@ class Grading:
             check.settle_reply(failure)
 
     def cut_if_out_of_time(self, check):
-        """Cut an advice check whose turn comes after --time-limit: it fails and earns nothing, and
-        its points stay in its group. The limit counts from the run's start, as Gradescope's does for
-        the one submission its run grades (in a class run it counts for the whole class). A
-        requirement check is never cut."""
-        elapsed = time.time() - self.started
-        if self.time_limit is None or not check.record.advice or elapsed <= self.time_limit:
+        """Cut an advice check whose turn comes once its submission's checks have taken more than
+        --time-limit (grading/time_limit.py): it fails and earns nothing, and its points stay in its
+        group. A requirement check is never cut, nor a timing check."""
+        if self.time_limit is None or time_limit.exempt(check.record):
             return
-        check.fail(f"cut: the run's time limit of {self.time_limit:g} s was spent ({elapsed:.0f} s had passed when "
-                   f"this check's turn came). The limit cuts advice checks only, never a requirement check; this one "
-                   f"earns nothing, and no other group gains its points.", outcome=outcomes.TIMEOUT)
+        spent = self.spent.of(check.record.submission)
+        if spent < self.time_limit:
+            return
+        check.fail(f"cut: this submission's time limit of {self.time_limit:g} s was spent (its checks had taken "
+                   f"{spent:.0f} s when this one's turn came). The limit cuts advice checks only, never a "
+                   f"requirement or a timing check; this one earns nothing, and no other group gains its points.",
+                   outcome=outcomes.TIMEOUT)
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub
