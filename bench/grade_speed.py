@@ -64,7 +64,7 @@ def fresh_caches(out: Path) -> dict:
 
 
 def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed: int | None = None,
-          env: dict | None = None, select: str = "") -> dict:
+          env: dict | None = None, select: str = "", time_limit: float | None = None) -> dict:
     reports = out / "reports"
     shutil.rmtree(reports, ignore_errors=True)
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "bench.timeline",
@@ -73,6 +73,8 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
         command.append(f"--seed={seed}")
     if select:
         command += ["-k", select]
+    if time_limit is not None:  # each submission's (grading/time_limit.py)
+        command.append(f"--time-limit={time_limit:g}")
     print("+", " ".join(command), flush=True)
     env = {**os.environ, **(env or {}), "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
     (out / "timeline.json").unlink(missing_ok=True)
@@ -191,6 +193,10 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
     grader_errors = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
                      f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == "grader_error"]
     timing = {f"{r.get('submission')}::{r.get('check')}": r["timing"] for r in records if r.get("timing")}
+    cut = defaultdict(int)  # submission -> advice checks its --time-limit cut (grading/time_limit.py)
+    for r in records:
+        if (r.get("output") or "").startswith("cut: this submission's time limit"):
+            cut[r.get("submission", "?")] += 1
     import_errors = {}  # submission -> why its adapters did not import: the first such record's
     for r in records:
         if r.get("outcome") == "import_error":
@@ -211,7 +217,7 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
             "finished_s": {k: round(v, 1) for k, v in sorted(finished.items(), key=lambda kv: kv[1])},
             "windows": windows,
             "out_of_memory": out_of_memory, "grader_errors": grader_errors, "import_errors": import_errors,
-            "timing": timing,
+            "timing": timing, "cut": dict(sorted(cut.items(), key=lambda kv: -kv[1])),
             "by_kind": {k: [round(v, 1), count[k]] for k, v in sorted(by_kind.items(), key=lambda kv: -kv[1])},
             "by_submission": {k: round(v, 1) for k, v in sorted(by_submission.items(), key=lambda kv: -kv[1])}}
 
@@ -228,6 +234,7 @@ def main() -> int:
         p.add_argument("--workers", default="auto", help="pytest-xdist's -n")
         p.add_argument("--seed", type=int, help="the grader's --seed (default: a fresh secret one)")
         p.add_argument("-k", dest="select", default="", help="pytest's -k: a part of the rubric (default: all of it)")
+        p.add_argument("--time-limit", type=float, help="the grader's --time-limit: each submission's, in seconds")
         p.add_argument("--fresh-caches", action="store_true",
                        help="compile into new, empty caches of this run's own (Triton, inductor, the kept kernels)")
         if name == "single":
@@ -267,9 +274,11 @@ def main() -> int:
         result["scenario"] = f"class -n {args.workers}"
     else:  # the corpus (bench/grade_corpus.py prepares it): real student repos, the throughput benchmark
         impls = [str(ROOT / "corpus" / repos) for repos in args.repos] + [str(Path(p).resolve()) for p in args.also]
-        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env, args.select)
+        result = grade(grader, impls, args.workers, args.out, args.limit, args.seed, env, args.select,
+                       args.time_limit)
         result["scenario"] = f"corpus ({' '.join(args.repos)}) -n {args.workers}" + (f" -k {args.select}"
-                                                                                      if args.select else "")
+                                                                                      if args.select else "") \
+            + (f" --time-limit {args.time_limit:g}" if args.time_limit is not None else "")
     if args.fresh_caches:
         result["scenario"] = result["scenario"].removesuffix(" warm") + " fresh caches"
     result["idle_sdpa_ms"] = idle
@@ -381,6 +390,9 @@ def print_phases(r: dict) -> None:
         print(f"  the last {last - before:.0f} s after the one before it, {last - median:.0f} s after the median")
     if r.get("windows_line"):
         print(f"{r['scenario']}: {r['windows_line']}")
+    if r.get("cut"):
+        print(f"{r['scenario']}: advice checks cut by the time limit: "
+              + ", ".join(f"{name.split('__')[0]} {count}" for name, count in r["cut"].items()))
     use = r.get("utilization") or {}
     if "both_idle" in use and r.get("last_record_s") is not None:  # while checks remained
         gaps = [gap for gap in use["both_idle"] if gap[0] < r["last_record_s"]]
