@@ -167,3 +167,8 @@ def group_name(submission: str, shard: str) -> str:
 
 def submission_of_group(group: str) -> str:
     return group.split(SEPARATOR, 1)[0]
+
+
+def shard_kind(group: str) -> str:
+    """A group's shard, "alice/triton-bf16-causal" -> "triton-bf16-causal"."""
+    return group.partition(SEPARATOR)[2]

@@ -1,0 +1,116 @@
+"""Replay a class run through the scheduler: how long it would have taken in another order.
+
+    python bench/replay_schedule.py RUN [RUN ...] [--order KIND,KIND,...]
+
+RUN is a folder of bench/grade_speed.py's (its timeline.json, bench/timeline.py's record of
+every check's worker, start and stop). Each check keeps its recorded duration; the groups are
+collected in the order shards.HEAVY_FIRST (or --order) gives, and handed to 16 fake workers by
+the real GradingScheduling, as tests/self/grading/test_scheduler.py drives it (xdist's worker
+side: a worker holds its next test back, the first two of its queue are never stolen). A thief
+pays a runner start (--start, 8 s: the median of the class runs) on its first check of a group.
+
+What a replay cannot know: a run stopped before its end left checks unrecorded; each group gets
+the checks the largest group of its kind has, at the mean of its own recorded ones (a guess, so
+compare orders on one run, never a replay with a run). CPU contention is as recorded, whatever
+the order, and the timing windows' pauses are left out.
+"""
+import argparse
+import contextlib
+import io
+import json
+import statistics
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "self" / "grading")]
+
+from test_scheduler import Worker, fake_config  # noqa: E402  (the fake xdist worker)
+
+from grading import scheduler as scheduling  # noqa: E402
+from grading import shards  # noqa: E402
+
+
+def recorded_groups(run: Path) -> tuple[dict, dict]:
+    """({group: [nodeid, ...] in the order run}, {nodeid: seconds}), the unrecorded filled in."""
+    calls = [row for row in map(json.loads, (run / "timeline.json").read_text().splitlines())
+             if row["when"] == "call" and row["worker"] != "main"]
+    seconds = {row["test"]: row["stop"] - row["start"] for row in calls}
+    groups = defaultdict(list)
+    for row in sorted(calls, key=lambda row: row["start"]):
+        groups[row["test"].rsplit("@", 1)[1]].append(row["test"])
+    full = defaultdict(int)
+    for group, ids in groups.items():
+        full[shards.shard_kind(group)] = max(full[shards.shard_kind(group)], len(ids))
+    for group, ids in groups.items():
+        mean = statistics.mean(seconds[i] for i in ids)
+        for k in range(full[shards.shard_kind(group)] - len(ids)):
+            nodeid = f"{ids[0].split('[')[0]}[unrecorded{k}]@{group}"
+            ids.append(nodeid)
+            seconds[nodeid] = mean
+    return dict(groups), seconds
+
+
+def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0) -> tuple:
+    """(the run's end, steals) with the groups collected in `order`."""
+    keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
+                                              if shards.shard_kind(g).startswith(kind)), len(order)))
+    collection = [nodeid for group in keys for nodeid in groups[group]]
+    sched = scheduling.GradingScheduling(fake_config(workers))
+    nodes = [Worker(n, []) for n in range(workers)]
+    for node in nodes:
+        sched.add_node(node)
+    for node in nodes:
+        sched.add_node_collection(node, collection)
+    sched.schedule()
+    ran, now = set(), 0.0
+
+    def took(node, nodeid):
+        group = nodeid.rsplit("@", 1)[1]
+        thief = (node.gateway.id, group) not in ran and any(g == group for _, g in ran)
+        ran.add((node.gateway.id, group))
+        return seconds[nodeid] + (start_s if thief else 0.0)
+
+    while True:
+        for node in nodes:
+            while node.asked:
+                sched.remove_pending_tests_from_node(node, node.answer(node.asked.pop(0)))
+        for node in nodes:
+            if node.until is None and node.queue and (len(node.queue) >= 2 or node.shutting_down):
+                node.took = took(node, collection[node.queue[0]])
+                node.until = now + node.took
+        busy = [node for node in nodes if node.until is not None]
+        if not busy:
+            return now, len(sched.steals)
+        node = min(busy, key=lambda n: n.until)
+        index, duration = node.queue.pop(0), node.took
+        now, node.until = node.until, None
+        sched.mark_test_complete(node, index, duration)
+        if sched.tests_finished:
+            for other in sched.nodes:
+                other.shutdown()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("runs", type=Path, nargs="+")
+    parser.add_argument("--order", action="append", default=[],
+                        help="shard kinds, comma-separated, first to last (repeatable; default: shards.HEAVY_FIRST)")
+    parser.add_argument("--workers", type=int, default=16)
+    parser.add_argument("--start", type=float, default=8.0, help="a thief's runner start, seconds")
+    args = parser.parse_args()
+    orders = [tuple(o.split(",")) for o in args.order] or [shards.HEAVY_FIRST]
+    print("| run | recorded work s | lower bound s | order | replayed end s | steals |\n|---|---|---|---|---|---|")
+    for run in args.runs:
+        groups, seconds = recorded_groups(run)
+        work = sum(seconds.values())
+        for order in orders:
+            with contextlib.redirect_stderr(io.StringIO()):  # the scheduler's log lines
+                end, steals = replay(groups, seconds, order, args.workers, args.start)
+            print(f"| {run.name} | {work:.0f} | {work / args.workers:.0f} | {','.join(order)} | {end:.0f} | {steals} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
