@@ -2,10 +2,16 @@
 
 A runner's Triton cache lives in its scratch folder and goes with it, so every run compiled and
 autotuned every kernel again, for every attention case of an autotuned kernel (notes/grading-speed.md).
-This keeps a copy per (submission, shard) under the grader's cache folder (GRADER_CACHE_DIR,
-else $XDG_CACHE_HOME/fa2-grader, else ~/.cache/fa2-grader), brought into the scratch folder
-when the runner's folder is made and taken back when it is removed. With
-TRITON_CACHE_AUTOTUNING=1 in the runner's environment Triton keeps autotuning results there too.
+This keeps a copy under the grader's cache folder (GRADER_CACHE_DIR, else
+$XDG_CACHE_HOME/fa2-grader, else ~/.cache/fa2-grader), brought into the scratch folder when the
+runner's folder is made and taken back when it is removed: compiled kernels one copy per
+submission, shared by its shards (the Triton memory and timing shards compile the kernels of a
+bf16 causal shard again, and a runner that starts after another has ended finds them), and with
+TRITON_CACHE_AUTOTUNING=1 in the runner's environment autotuning results one copy per
+(submission, shard). A compiled kernel is the same whichever runner compiled it; an autotuning
+result is not (a kernel whose key omits the length keeps the choice made at the first length it
+met), so those stay with the shard whose cases chose them, and a verdict never depends on which
+of a submission's shards ran first.
 
 What a runner writes is untrusted, so the copy is one submission's own: no submission ever
 reads a file another wrote, and a poisoned entry can only hurt the grading of the one who
@@ -17,7 +23,8 @@ folder; bring_in points them at the new folder, or Triton finds them gone and co
 regular files with one link are copied back (never a link, a device or a hard link to a file
 elsewhere), each under MAX_FILE bytes and MAX_TOTAL in all, and each is written whole (a
 temporary file, then a rename), so two runners of one submission finishing at once leave one
-of their copies, never a mix.
+of their copies, never a mix; a kernel's index is written after its files, so a runner starting
+meanwhile finds a kernel whole or not at all.
 """
 import hashlib
 import json
@@ -36,10 +43,16 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa2-grader"
 
 
-def kept_cache(submission_root: Path, shard: str) -> Path:
-    """Where the kernels of one submission's shard are kept between runs."""
+def kept_cache(submission_root: Path, shard: str = "") -> Path:
+    """Where one submission's shard keeps its autotuning results between runs; with no shard,
+    where the submission's compiled kernels are kept, for all its shards."""
     key = hashlib.sha256(f"{os.path.realpath(submission_root)}\0{shard}".encode()).hexdigest()[:24]
     return cache_root() / "triton" / key
+
+
+def is_autotuning(relative: str) -> bool:
+    """An autotuning result (triton/runtime/autotuner.py check_disk_cache names it)."""
+    return relative.endswith(".autotune.json")
 
 
 def _regular_files(folder: Path):
@@ -85,6 +98,8 @@ def bring_in(kept: Path, cache: Path, uid: int | None) -> int:
     count = 0
     if kept.is_dir():
         for relative, _ in _regular_files(kept):
+            if os.path.basename(relative).startswith("."):  # a file another runner's take_back is writing
+                continue
             _copy_file(str(kept / relative), cache / relative, uid)
             if os.path.basename(relative).startswith("__grp__"):
                 _relocate_group(cache / relative)
@@ -95,13 +110,15 @@ def bring_in(kept: Path, cache: Path, uid: int | None) -> int:
     return count
 
 
-def take_back(cache: Path, kept: Path) -> int:
-    """Copy what a runner's cache holds back to where it is kept; the number of files."""
+def take_back(cache: Path, kept: Path, which=lambda relative: True) -> int:
+    """Copy what a runner's cache holds back to where it is kept, the files `which(relative)`
+    accepts, a kernel's index after its files; the number of files."""
     count, total = 0, 0
     if not cache.is_dir():
         return 0
-    for relative, size in _regular_files(cache):
-        if size > MAX_FILE or total + size > MAX_TOTAL or relative.startswith("."):
+    files = sorted(_regular_files(cache), key=lambda entry: os.path.basename(entry[0]).startswith("__grp__"))
+    for relative, size in files:
+        if size > MAX_FILE or total + size > MAX_TOTAL or relative.startswith(".") or not which(relative):
             continue
         target = kept / relative
         try:

@@ -74,7 +74,8 @@ def linked_reference(root: Path) -> Path | None:
 class ScratchFolder:
     """One runner's scratch folder, made now (without the submission's copy) and kept until remove().
     `uid` is the runner's own uid, or None where it runs as the grader's user; `kept_kernels`,
-    where this submission's compiled kernels are kept between runners (None: not kept)."""
+    where this runner's shard keeps its autotuning results between runners (None: nothing kept),
+    the submission's compiled kernels being kept beside it (kernel_cache.py)."""
 
     def __init__(self, submission: Submission, uid: int | None, kept_kernels: Path | None = None):
         self.submission = submission
@@ -87,7 +88,8 @@ class ScratchFolder:
         for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache):
             self._private_dir(folder)
         self.kept_kernels = kept_kernels
-        if kept_kernels is not None:
+        if kept_kernels is not None:  # the submission's compiled kernels, then the shard's autotuning
+            kernel_cache.bring_in(kernel_cache.kept_cache(submission.root), self.triton_cache, uid)
             kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
         self.trusted = self._copy_trusted()
         self.copy_notes = []  # links of the submission that were not copied
@@ -188,5 +190,7 @@ class ScratchFolder:
 
     def remove(self) -> None:
         if self.kept_kernels is not None:
-            kernel_cache.take_back(self.triton_cache, self.kept_kernels)
+            kernel_cache.take_back(self.triton_cache, kernel_cache.kept_cache(self.submission.root),
+                                   lambda relative: not kernel_cache.is_autotuning(relative))
+            kernel_cache.take_back(self.triton_cache, self.kept_kernels, kernel_cache.is_autotuning)
         shutil.rmtree(self.path, ignore_errors=True)

@@ -22,11 +22,48 @@ def test_kernels_survive_the_scratch_folder(tmp_path, monkeypatch):
     entry.write_bytes(b"\x7fELF kernel")
     first.remove()
     assert not first.path.exists()
-    assert (kept / "abc123" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
+    assert (kernel_cache.kept_cache(submission.root) / "abc123" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
 
     second = ScratchFolder(submission, uid=None, kept_kernels=kept)
     assert (second.triton_cache / "abc123" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
     second.remove()
+
+
+def test_compiled_kernels_are_shared_by_a_submissions_shards_and_autotuning_is_not(tmp_path, monkeypatch):
+    """A kernel the memory shard compiled serves the bf16 causal shard's runner; the memory shard's
+    autotuning choice (made at N = 16384, by a key that may omit the length) stays with it."""
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    submission = load_submission(REFERENCE)
+    memory = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "memory-triton"))
+    (memory.triton_cache / "k1").mkdir()
+    (memory.triton_cache / "k1" / "_attn_fwd.cubin").write_bytes(b"\x7fELF kernel")
+    (memory.triton_cache / "t1").mkdir()
+    (memory.triton_cache / "t1" / "_attn_fwd.autotune.json").write_text('{"configs_timings": []}')
+    memory.remove()
+
+    causal = ScratchFolder(submission, uid=None,
+                           kept_kernels=kernel_cache.kept_cache(submission.root, "triton-bf16-causal"))
+    assert (causal.triton_cache / "k1" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
+    assert not (causal.triton_cache / "t1").exists()
+    causal.remove()
+    again = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "memory-triton"))
+    assert (again.triton_cache / "t1" / "_attn_fwd.autotune.json").exists()
+    again.remove()
+
+
+def test_a_kernels_index_is_kept_after_its_files(tmp_path, monkeypatch):
+    """A runner starting while another takes its kernels back finds a kernel whole or not at all:
+    Triton reads a kernel through its index, and one whose files are missing failed to load."""
+    cache, kept = tmp_path / "cache", tmp_path / "kept"
+    (cache / "k").mkdir(parents=True)
+    for name in ("__grp___attn_fwd.json", "_attn_fwd.cubin", "_attn_fwd.json", "_attn_fwd.ptx"):
+        (cache / "k" / name).write_text(name)
+    written = []
+    real = kernel_cache._copy_file
+    monkeypatch.setattr(kernel_cache, "_copy_file", lambda source, target, uid: (written.append(target.name),
+                                                                               real(source, target, uid)))
+    assert kernel_cache.take_back(cache, kept) == 4
+    assert written[-1] == "__grp___attn_fwd.json"
 
 
 def test_shards_and_submissions_keep_apart(tmp_path, monkeypatch):
