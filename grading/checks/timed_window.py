@@ -14,8 +14,14 @@ inputs and writing outputs inside them left the GPU idle most of that time
   nothing reliable about the kernel (planned from the warm-up, every class run timed one pass).
 - In the window, at most WINDOW_S from its start (`measure`):
   1. the reference's passes;
-  2. the student's first pass, alone. A first pass over DECIDED times the budget is a verdict no
-     noise could change (a quiet GPU makes no kernel twice as fast), so nothing more runs;
+  2. the student's first pass, alone. A first pass over DECIDED times the budget and at least
+     EARLY_MIN_MS long is a verdict no noise could change (a quiet GPU makes no kernel twice as
+     fast), so nothing more runs. A shorter one is not decided alone (its other passes hold the
+     window at most MAX_PASSES x EARLY_MIN_MS): synchronized by itself on a CPU a class keeps
+     busy, its launches wait for the CPU. One kernel read 6 to 8 times the reference's time alone
+     in three class runs on an H100 and 1.5 times over 11 passes on an H200; another 10 times
+     alone on the H200 and 2 times over 11 passes on the H100 (notes/grading-speed.md,
+     2026-11-28, third session);
   3. the rest of the student's passes, as many as that first pass says fit, synchronized in three
      stretches (the median of the three is the student's time). Between two synchronizes the
      passes queue on the device as in a training loop, so each pass's Python and launches overlap
@@ -53,7 +59,8 @@ MAX_PASSES = 12  # the student's (each holds its inputs on the GPU until it runs
 REFERENCE_STRETCH = 12  # the reference's passes per stretch: its ends cost ~1 ms under load, 1.7 ms a pass
 REFERENCE_PASSES = 2 * REFERENCE_STRETCH  # per round, timed in two stretches (about 40 ms at the timing case)
 REFERENCE_INPUTS = 6  # prepared by the reference and cycled over by its passes
-DECIDED = 2.0  # a first pass this many times over the budget fails it at once
+DECIDED = 2.0  # a first pass this many times over the budget, and EARLY_MIN_MS long, fails it at once
+EARLY_MIN_MS = 50.0  # longer than a busy CPU's delays to a pass synchronized alone
 
 
 def timed_seeds(seed: int, count: int) -> list:
@@ -150,7 +157,7 @@ def measure(student, reference, request: dict, budget_ratio: float, deadline: fl
     if not ok:
         return m
     m.first_ms = times[0]
-    if m.first_ms > DECIDED * budget_ratio * median(m.reference_ms):
+    if m.first_ms > DECIDED * budget_ratio * median(m.reference_ms) and m.first_ms >= EARLY_MIN_MS:
         m.decided_early = True
         return m
     fit = int((deadline - RESERVE_S - clock()) / (m.first_ms / 1000))  # by the first pass, on a quiet GPU

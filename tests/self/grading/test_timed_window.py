@@ -73,6 +73,18 @@ def test_a_slow_kernel_is_decided_by_its_first_pass():
     assert held <= tw.WINDOW_S
 
 
+def test_a_short_first_pass_over_the_line_is_not_decided_alone():
+    """A first pass of 15 ms, 10x the reference (the DECIDED line is 2 x 3 = 6x), is shorter than
+    EARLY_MIN_MS: its 11 other passes run (0.17 s), and the verdict is the stretches' median; a
+    first pass timed alone on a busy CPU read 6 to 10 times what the same kernel's stretches read."""
+    m, log, held = window(student_ms=15.0)
+    assert not m.decided_early and len(m.student_ms) == 3 and m.ratio == pytest.approx(10.0)
+    assert [name for name, *_ in log] == ["reference", "student", "student", "reference"]
+    # 60 ms a pass: the 11 others would hold the window 0.66 s, and the first decides
+    m, log, held = window(student_ms=60.0)
+    assert m.decided_early and m.passes == 1
+
+
 def test_a_pass_that_outlasts_the_window_is_stopped_at_its_deadline():
     m, log, held = window(student_ms=60_000.0, student_passes=1)  # a minute a pass
     reference_round = tw.REFERENCE_PASSES * 1.5 / 1000
