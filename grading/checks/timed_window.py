@@ -18,10 +18,10 @@ inputs and writing outputs inside them left the GPU idle most of that time
      EARLY_MIN_MS long is a verdict no noise could change (a quiet GPU makes no kernel twice as
      fast), so nothing more runs. A shorter one is not decided alone (its other passes hold the
      window at most MAX_PASSES x EARLY_MIN_MS): synchronized by itself on a CPU a class keeps
-     busy, its launches wait for the CPU. One kernel read 6 to 8 times the reference's time alone
-     in three class runs on an H100 and 1.5 times over 11 passes on an H200; another 10 times
-     alone on the H200 and 2 times over 11 passes on the H100 (notes/grading-speed.md,
-     2026-11-28, third session);
+     busy, its launches wait for the CPU. In three runs on one H100 (notes/grading-speed.md,
+     2026-11-28, third session) first passes read 1.6 to 3.6 times the median of the same
+     kernel's later passes; one, 9.2 ms, was 5.5 times the reference where its later passes were
+     1.5 times, a hair under the 6 times that would have failed a kernel within the budget;
   3. the rest of the student's passes, as many as that first pass says fit, synchronized in three
      stretches (the median of the three is the student's time). Between two synchronizes the
      passes queue on the device as in a training loop, so each pass's Python and launches overlap
