@@ -19,7 +19,7 @@ inputs and writing outputs inside them left the GPU idle most of that time
      fast), so nothing more runs. A shorter one is not decided alone (its other passes hold the
      window at most MAX_PASSES x EARLY_MIN_MS): synchronized by itself on a CPU a class keeps
      busy, its launches wait for the CPU. In three runs on one H100 (notes/grading-speed.md,
-     2026-11-28, third session) first passes read 1.6 to 3.6 times the median of the same
+     2026-11-28, third session) first passes read 0.95 to 3.6 times the median of the same
      kernel's later passes; one, 9.2 ms, was 5.5 times the reference where its later passes were
      1.5 times, a hair under the 6 times that would have failed a kernel within the budget;
   3. the rest of the student's passes, as many as that first pass says fit, synchronized in three
