@@ -140,12 +140,8 @@ class GradingScheduling(LoadGroupScheduling):
         return int(number) % self.gpus if number.isdigit() else 0
 
     def _timing_in_progress(self, gpu: int) -> int:
-        """The timing groups running on `gpu`: those holding one of a worker's first RUNNING pending
-        tests. One queued behind another group holds nothing yet: counted, it kept the other timing
-        groups in the queue (class run C, notes/grading-speed.md: ten went out one by one to one
-        worker, the last at 505 s, and the queue, never empty till then, let no slow group be shared)."""
         return sum(1 for node, units in self.assigned_work.items() if self.gpu_of(node) == gpu
-                   for key in started_units(units) if is_timing(key[0]))
+                   for key, unit in units.items() if is_timing(key[0]) and not all(unit.values()))
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         nodeid = self.registered_collections[node][item_index]
@@ -241,13 +237,6 @@ class GradingScheduling(LoadGroupScheduling):
         idle = [node for node in self.nodes
                 if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
         return chosen if chosen in idle else next(iter(idle), None)
-
-
-def started_units(units: dict) -> set:
-    """The keys of a worker's units (in the order sent) that hold one of its first RUNNING pending
-    tests: the one it runs and the one it holds next."""
-    pending = [key for key, unit in units.items() for done in unit.values() if not done]
-    return set(pending[:RUNNING])
 
 
 def later_half(unit: dict, queued: list) -> list:

@@ -182,21 +182,6 @@ def test_a_timing_group_waits_for_its_gpu_while_other_groups_are_left():
     ran_once(scheduler, nodes)
 
 
-def test_a_timing_group_queued_behind_another_group_is_not_in_progress():
-    """Handed to a worker with two checks of its last group left, a timing group waits behind them
-    and holds no GPU: counted, it kept every other timing group in the queue (class run C)."""
-    collection = pairs("pytorch", 2, "p0") + timing("s0") + timing("s1") + pairs("pytorch", 2, "p1")
-    scheduler, (node,), sent = start(collection, 1, timing_per_gpu=1)
-    assert groups_sent(scheduler, sent) == ["p0/pytorch"]
-    for index in sent[0][1][:2]:
-        scheduler.mark_test_complete(node, index, 1.0)
-    assert groups_sent(scheduler, sent) == ["p0/pytorch", "s0/timing-triton"]  # behind p0's last case
-    assert scheduler._timing_in_progress(0) == 0
-    for index in sent[0][1][2:]:
-        scheduler.mark_test_complete(node, index, 1.0)
-    assert scheduler._timing_in_progress(0) == 1  # now at the head of the worker's queue
-
-
 # -- sharing a slow group ----------------------------------------------------------------------
 
 SLOW = "triton-bf16-causal"
