@@ -37,7 +37,9 @@ def test_stretches_with_idle_cpus_and_no_kernel_running_are_listed():
 
 
 def test_the_cpu_of_each_process_goes_to_its_role():
-    """A busy child process named like a runner: its core-seconds land under the runner's role."""
+    """A busy child process named like a runner: its core-seconds land under the runner's role.
+    Only a lower bound: the sampler reads every process of the machine, and under `-n 2` the other
+    worker's tests start real runners (3.4 s of runners was read in a newcomer's run)."""
     import subprocess
     import sys
     import time
@@ -49,4 +51,4 @@ def test_the_cpu_of_each_process_goes_to_its_role():
         child.wait()
         time.sleep(0.3)
     roles = use.summary()["cpu_by_role"]
-    assert 0.8 <= roles.get("runner (student code)", 0) <= 2.0, roles
+    assert roles.get("runner (student code)", 0) >= 0.8, roles
