@@ -1,0 +1,25 @@
+"""bench/replay_schedule.py: a class run's recorded checks, replayed through the scheduler."""
+import json
+
+from bench.replay_schedule import recorded_groups, replay
+
+FLASH = "grading/checks/test_flash.py::test_forward"
+
+
+def rows(group, seconds, start):
+    submission = group.split("/")[0]
+    return [{"worker": "gw0", "when": "call", "test": f"{FLASH}[{submission}-case{k}]@{group}",
+             "start": start + sum(seconds[:k]), "stop": start + sum(seconds[:k + 1]), "outcome": "passed"}
+            for k in range(len(seconds))]
+
+
+def test_a_replay_keeps_each_checks_time_and_fills_in_the_unrecorded(tmp_path):
+    timeline = rows("a/pytorch", [10.0, 10.0], 0.0) + rows("b/pytorch", [4.0], 0.0) \
+        + rows("c/triton-fp32-full", [5.0, 5.0], 0.0)
+    main = [{**row, "worker": "main"} for row in timeline]  # the controller's copies: left out
+    (tmp_path / "timeline.json").write_text("\n".join(json.dumps(r) for r in timeline + main))
+    groups, seconds = recorded_groups(tmp_path)
+    assert len(groups["a/pytorch"]) == len(groups["b/pytorch"]) == 2  # b's second check, unrecorded: at b's mean
+    assert sum(seconds[n] for n in groups["b/pytorch"]) == 8.0
+    end, steals = replay(groups, seconds, ("triton", "pytorch"), workers=2)
+    assert end == 20.0 and steals == 0  # gw0: c (10 s) then b (8 s); gw1: a (20 s)
