@@ -267,7 +267,10 @@ def test_grading_run_finished(graded):
 def test_example(graded, name):
     run, verdicts, table, out = graded
     verdict = verdicts[name]
-    context = f"\n\n{table}\n\n(reports: {run['reports']}; grader log: {out / 'grader.log'})"
+    seed_file = Path(run["reports"]) / ".seed"  # the run's secret seed: a verdict must not depend on it
+    seed = seed_file.read_text().strip() if seed_file.exists() else "unknown"
+    context = (f"\n\n{table}\n\n(reports: {run['reports']}; grader log: {out / 'grader.log'}; seed {seed}: "
+               f"python -m pytest --impl submissions/examples/{name} --seed {seed} grades this example again)")
     assert not verdict["problems"], f"{name}:\n  " + "\n  ".join(verdict["problems"]) + context
     if verdict.get("known_gap"):
         pytest.xfail(f"known gap: {verdict['known_gap']} ({'; '.join(verdict['gap'])})")
