@@ -115,7 +115,8 @@ class GradingPlugin(Recording):
         """xdist, in the controller: every worker draws its inputs from the controller's seed, and
         takes the sandbox's isolation from one probe the controller runs while they start."""
         node.workerinput["grading_seed"] = self.state.seed
-        node.workerinput["grading_spent"] = str(self.state.spent.folder)  # each submission's time (--time-limit)
+        if self.state.spent is not None:  # each submission's time (--time-limit)
+            node.workerinput["grading_spent"] = str(self.state.spent.folder)
         if self._probe is None:
             path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
             limit = runner_memory_limit(node.workerinput["workercount"])  # what each worker's runners get
@@ -303,7 +304,7 @@ class GradingPlugin(Recording):
     def pytest_sessionfinish(self, session):
         if self._probe:
             shutil.rmtree(Path(self._probe["path"]).parent, ignore_errors=True)
-        if not self.is_worker:  # after its workers: they add to it to the end
+        if not self.is_worker and self.state.spent is not None:  # after its workers: they add to it to the end
             shutil.rmtree(self.state.spent.folder, ignore_errors=True)
         if self.is_worker or self.config.option.collectonly or self.no_checks:
             return

@@ -123,7 +123,8 @@ class Recording:
         name = submission_of(item)
         if name is None:
             return
-        self.state.spent.add(name, report.duration)  # in the process that ran it: its submission's time
+        if self.state.spent is not None:  # in the process that ran it: its submission's time
+            self.state.spent.add(name, report.duration)
         # On this report only (not item.user_properties, which all its reports share).
         sent = [("grading_submission", name)]
         if self.is_worker and not self._collected_sent:

@@ -267,7 +267,7 @@ def case_size(nodeid: str) -> int | None:
 
 
 def is_timing(group: str) -> bool:
-    return group.partition(shards.SEPARATOR)[2].startswith("timing-")
+    return shards.shard_kind(group).startswith("timing-")
 
 
 def spread_timing(keys: list) -> list:

@@ -47,10 +47,12 @@ class Grading:
             raise pytest.UsageError(str(exc)) from None
         self.reports = Path(config.getoption("--reports"))
         self.time_limit = config.getoption("--time-limit")
-        # Each submission's check time, shared by the run's processes: the controller makes the
-        # folder, its workers are told where (plugin.pytest_configure_node).
-        self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
-                               else tempfile.mkdtemp(prefix="fa2-spent-"))
+        # Each submission's check time under a limit, shared by the run's processes: the controller
+        # makes the folder, its workers are told where (plugin.pytest_configure_node).
+        self.spent = None
+        if self.time_limit is not None:
+            self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
+                                   else tempfile.mkdtemp(prefix="fa2-spent-"))
         self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64

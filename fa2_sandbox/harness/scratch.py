@@ -88,8 +88,9 @@ class ScratchFolder:
         for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache):
             self._private_dir(folder)
         self.kept_kernels = kept_kernels
+        self.kept_compiled = kernel_cache.kept_cache(submission.root)  # every shard's compiled kernels
         if kept_kernels is not None:  # the submission's compiled kernels, then the shard's autotuning
-            kernel_cache.bring_in(kernel_cache.kept_cache(submission.root), self.triton_cache, uid)
+            kernel_cache.bring_in(self.kept_compiled, self.triton_cache, uid)
             kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
         self.trusted = self._copy_trusted()
         self.copy_notes = []  # links of the submission that were not copied
@@ -190,7 +191,7 @@ class ScratchFolder:
 
     def remove(self) -> None:
         if self.kept_kernels is not None:
-            kernel_cache.take_back(self.triton_cache, kernel_cache.kept_cache(self.submission.root),
+            kernel_cache.take_back(self.triton_cache, self.kept_compiled,
                                    lambda relative: not kernel_cache.is_autotuning(relative))
             kernel_cache.take_back(self.triton_cache, self.kept_kernels, kernel_cache.is_autotuning)
         shutil.rmtree(self.path, ignore_errors=True)
