@@ -13,7 +13,8 @@ So a submission's tests are split into shards that share nothing but the student
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
   ranks from one call to the next (fa2_sandbox/runner/ranks.py RankPool), so one spawn serves
   them all where a shard each cost a runner start and a spawn each;
-- timing by slot, and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
+- timing by slot (the PyTorch slot's runs_on_cuda joins its timing runner, so that the slot's
+  runner on the CPU never starts CUDA), and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
   PyTorch slot's memory check joins the PyTorch shard: it runs on the CPU at MEMORY_CASE, one of
   the slot's own cases, so the slot's cached reply serves it at no cost, and the "tiled, never
   N x N" requirement is graded wherever the slot is (a memory shard of its own ran the case a
@@ -62,6 +63,12 @@ def kernel_shard(case: FlashCase, per_kernel: bool = True) -> str:
     dim), or without `per_kernel` the kernels of one dtype and causal flag."""
     shard = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
     return f"{shard}-d{case.head_dim}" if per_kernel else shard
+
+
+def timing_shard(slot: str) -> str:
+    """A slot's timing runner: the timing check, and for the PyTorch slot its runs_on_cuda check
+    (the one other check that puts that class on CUDA)."""
+    return f"timing-{slot}"
 
 
 def per_kernel_shards(submissions: int, workers: int) -> bool:

@@ -146,7 +146,8 @@ class SubmissionRunner:
         self.process = None
         self.channel = None
         self.watchdog = None  # the running process's
-        self.ready = None  # the runner's hello: functions found, or the import error
+        self.ready = None  # the runner's hello: functions found, or the import error (None: not yet)
+        self._launched_at = 0.0
         self.calls = 0
         self.phases = {}
         self._timed_out = {}  # (op, slot, backward) -> (smallest case size that timed out, message)
@@ -161,12 +162,21 @@ class SubmissionRunner:
 
     # -- lifecycle -------------------------------------------------------------------------
     def start(self) -> dict:
+        """Start the runner and wait for its hello: the functions found, or the import error."""
+        if self.process is None:
+            self.launch()
+        return self._await_ready()
+
+    def launch(self) -> None:
+        """Start the runner without waiting for it to import (`start` waits): two runners launched
+        one after the other import side by side. Nothing is sent to it before its hello."""
         started = time.monotonic()
+        self.ready = None
         try:
             root = self._copy_submission()
         except (OSError, shutil.Error) as exc:
             self.ready = {"import_error": f"the submission could not be copied: {str(exc)[:300]}"}
-            return self.ready
+            return
         to_runner_r, to_runner_w = os.pipe()
         from_runner_r, from_runner_w = os.pipe()
         log_r, log_w = os.pipe()
@@ -186,13 +196,20 @@ class SubmissionRunner:
         self.channel = Channel(from_runner_r, to_runner_w)
         self.channel.send({"root": str(root), "adapters_file": self.submission.adapters_file,
                            "extra_paths": self.submission.extra_paths, "exchange": str(self.scratch_folder.exchange)})
-        reply = self._wait_done("import", self.import_timeout, event="ready")
+        self._launched_at = started
+
+    def _await_ready(self) -> dict:
+        """The hello of a launched runner (its import within the import timeout, from its launch)."""
+        if self.ready is not None:  # the copy failed, or it is ready already
+            return self.ready
+        waited = time.monotonic() - self._launched_at
+        reply = self._wait_done("import", max(0.0, self.import_timeout - waited), event="ready")
         if isinstance(reply, Reply):  # the runner hung or died while importing
             self.ready = {"import_error": f"{self.submission.adapters_file} could not be imported: {reply.message}"}
         else:
             self.ready = reply
             # how long a start costs (Python, torch, triton, the adapters): bench/grade_speed.py reads it
-            self.note(f"runner ready in {time.monotonic() - started:.1f} s")
+            self.note(f"runner ready in {time.monotonic() - self._launched_at:.1f} s")
         if self.ready.get("import_error"):
             self.stop()
         return self.ready
@@ -233,19 +250,20 @@ class SubmissionRunner:
         how = f"process died with {signal_name(code)}" if code < 0 else f"exited with status {code}"
         return Reply(outcomes.CRASH, f"{how} {where}")
 
-    def _wait_done(self, phase: str, timeout: float, event: str = "done", what: str = "", holding=None):
+    def _wait_done(self, phase: str, timeout: float, event: str = "done", what: str = "", holding=None,
+                   until: float | None = None):
         """Wait for the message `event`, following phase updates. A Reply means failure;
-        `what` (the case) goes into its message."""
+        `what` (the case) goes into its message; `until` (time.monotonic()): no pause is credited past it."""
         deadline = time.monotonic() + timeout
         suffix = f" ({what})" if what else ""
         watchdog = self.watchdog  # stop() drops it if the call fails
         watchdog.busy = True
         try:
-            return self._wait(phase, deadline, timeout, event, what, suffix, holding)
+            return self._wait(phase, deadline, timeout, event, what, suffix, holding, until)
         finally:
             watchdog.busy = False
 
-    def _wait(self, phase, deadline, timeout, event, what, suffix, holding=None):
+    def _wait(self, phase, deadline, timeout, event, what, suffix, holding=None, until=None):
         self.phases = {}
         credited = 0.0  # seconds of pause already added to the deadline
         while True:
@@ -253,9 +271,11 @@ class SubmissionRunner:
                 message = self.channel.receive(timeout=max(0.0, deadline - time.monotonic()))
             except ReceiveTimeout:
                 paused = holding.paused_s() if holding is not None else 0.0
-                if paused > credited:  # a timing window stopped the runner: its time does not count
+                # A timing window stopped the runner: its time does not count, up to `until`.
+                if paused > credited and (until is None or time.monotonic() < until):
                     # (at least a second on: a pause still under way would otherwise poll the ledger in a loop)
                     deadline = max(deadline + paused - credited, time.monotonic() + 1.0)
+                    deadline = deadline if until is None else min(deadline, until)
                     credited = paused
                     continue
                 if self.watchdog.killed_for:  # the watchdog killed it just now
@@ -303,7 +323,8 @@ class SubmissionRunner:
         if none is running (the first time, or after a crash), so the caller's thread starts it."""
         if self.submission.problem:
             return Reply(outcomes.IMPORT_ERROR, self.submission.problem)
-        if self.process is None and not (self.ready and self.ready.get("import_error")):
+        if self.process is None and not (self.ready and self.ready.get("import_error")) or \
+                self.process is not None and self.ready is None:  # stopped, or launched and importing
             self.start()
         if self.ready and self.ready.get("import_error"):
             return Reply(outcomes.IMPORT_ERROR, self.ready["import_error"], traceback=self.ready.get("traceback", ""))
@@ -325,18 +346,22 @@ class SubmissionRunner:
         dense = self.dense_backward if dense_backward is None else dense_backward
         return FlashCase.from_json(request["case"]).gpu_budget_bytes(dense)
 
-    def call(self, request: dict, timeout: float, what: str = "") -> Reply:
+    def call(self, request: dict, timeout: float, what: str = "", until: float | None = None) -> Reply:
         """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu). The runner
         starts before the reservation: its start (Python, torch, the student's imports) holds no
-        GPU memory back from the others, and a window can then name its processes to pause."""
+        GPU memory back from the others, and a window can then name its processes to pause.
+
+        `until` (a time.monotonic() value): the call ends by then whatever held it, a wait for the
+        GPU or a timing window's pause included; without it, the time a window paused the runner
+        is added to `timeout`."""
         budget = self.gpu_budget(request) if self.gpu_ledger is not None else None
         if budget is None:
-            return self._call(request, timeout, what)
+            return self._call(request, timeout, what, until=until)
         if (skipped := self._after_a_timeout(request)) is not None:
             return skipped  # without starting the runner again that the timeout stopped
         if self.import_failure() is not None or self.process is None:
-            return self._call(request, timeout, what)  # the import error, without holding the GPU
-        return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding),
+            return self._call(request, timeout, what, until=until)  # the import error, without holding the GPU
+        return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding, until),
                            {**request, "gpu_budget": budget}, f"{self.submission.name}: {request['op']} {what}",
                            self.note, runner=self.identity, reserve=self.gpu_budget(request, dense_backward=False))
 
@@ -347,10 +372,10 @@ class SubmissionRunner:
             return None
         return runner_identity(self.process, self.uid)
 
-    def _call(self, request: dict, timeout: float, what: str = "", holding=None) -> Reply:
+    def _call(self, request: dict, timeout: float, what: str = "", holding=None, until: float | None = None) -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
         `holding` (gpu_ledger.Holding) says how long a timing window paused the runner: the
-        call's deadline moves by as much.
+        call's deadline moves by as much, never past `until` (see call).
 
         A case at least as large as one that already timed out (same op, slot and direction) is
         not run again: it fails at once with that timeout's message, so a submission that hangs
@@ -363,10 +388,12 @@ class SubmissionRunner:
             return skipped
         size, family = self._case_size(request), self._family(request)
         earlier = self._timed_out.get(family)
-        if self.process is None:
+        if self.process is None or self.ready is None:
             ready = self.start()
             if ready.get("import_error"):
                 return Reply(outcomes.IMPORT_ERROR, ready["import_error"], traceback=ready.get("traceback", ""))
+        if until is not None:  # what a wait for the GPU left of it
+            timeout = round(max(0.0, min(timeout, until - time.monotonic())), 1)
         self.calls += 1
         tag = f"call{self.calls}-{secrets.token_hex(4)}"  # unguessable: forged replies cannot match it
         request = {**request, "tag": tag}
@@ -374,7 +401,7 @@ class SubmissionRunner:
             self.channel.send(request)
         except BrokenPipeError:
             return self._died("setup", what)
-        message = self._wait_done("setup", timeout, what=what, holding=holding)
+        message = self._wait_done("setup", timeout, what=what, holding=holding, until=until)
         if isinstance(message, Reply):
             if message.status == outcomes.TIMEOUT and size is not None:
                 if not earlier or size < earlier[0]:

@@ -38,7 +38,7 @@ from grading.checks.flash_checks import (
 )
 from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
-from grading.shards import kernel_shard
+from grading.shards import kernel_shard, timing_shard
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -56,8 +56,12 @@ ANSWERS = ("o", "L", "dq", "dk", "dv")
 
 
 def shard(params: dict, per_kernel: bool) -> str:
-    """The runner of a flash check (grading/shards.py): the PyTorch slot's (runs_on_cuda included),
-    or for the Triton slot the kernel its case compiles."""
+    """The runner of a flash check (grading/shards.py): the PyTorch slot's, or for the Triton slot
+    the kernel its case compiles. runs_on_cuda joins the PyTorch slot's timing runner, which puts
+    the class on CUDA anyway: the slot's own runner, on the CPU, then never starts CUDA (a context,
+    and for a torch.compile'd class a second compile, in every PyTorch runner of a class)."""
+    if params.get("device") == "cuda":
+        return timing_shard("pytorch")
     slot, case = params.get("slot", "pytorch"), params.get("case")
     return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else slot
 
@@ -156,14 +160,15 @@ def test_backward(grading, submission, check, slot, tier, case):
     judge(c, grading, slot, tier, case, tensors, ["dq", "dk", "dv"])
 
 
-def test_runs_on_cuda(grading, submission, check):
+@pytest.mark.parametrize("device", ["cuda"])  # its shard (`shard`) reads it
+def test_runs_on_cuda(grading, submission, check, device):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
     c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")
     if not grading.on_gpu:
         c.not_here("it needs a GPU: this runs the course case on CUDA tensors (the official tests run the PyTorch "
                    "class on the CPU, as this grader does elsewhere)")
     grading.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
-    reply, tensors = run_case(grading, submission, "pytorch", COURSE_CASE, device="cuda")
+    reply, tensors = run_case(grading, submission, "pytorch", COURSE_CASE, device=device)
     backward_error = reply.result.get("backward_error") or {}
     if reply.status == "error" or backward_error.get("status") == "error":  # a missing backward fails elsewhere
         message = reply.message if reply.status == "error" else backward_error["message"]

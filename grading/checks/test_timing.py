@@ -19,6 +19,7 @@ from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
 from grading.checks.flash_checks import oracle_bytes, stored_as
+from grading.shards import timing_shard
 from reference.tolerance import expected_attention, judge_attention
 
 JUDGED_BATCH = 2
@@ -26,7 +27,7 @@ JUDGED_BATCH = 2
 
 def shard(params: dict, per_kernel: bool) -> str:
     """Each slot's timing in a runner of its own: its window measures nothing else."""
-    return f"timing-{params['slot']}"
+    return timing_shard(params["slot"])
 
 
 def reference_runner(grading) -> SubmissionRunner:
@@ -75,12 +76,15 @@ def check_of(test: str, params: dict) -> tuple:
     return "timing", f"flash_{params['slot']}", "timing"
 
 
-def both(runners, requests, timeout):
+def both(runners, requests, timeout, student_until=None):
     """One call on each runner at once, each in a thread of its own; their replies. `timeout`: the
-    seconds of both calls, or a pair (the student's, the reference's)."""
+    seconds of both calls, or a pair (the student's, the reference's); `student_until`: when the
+    student's call ends whatever held it (SubmissionRunner.call)."""
     timeouts = timeout if isinstance(timeout, tuple) else (timeout, timeout)
+    untils = (student_until, None)
     with ThreadPoolExecutor(2) as pool:
-        return list(pool.map(lambda call: call[0].call(call[1], call[2]), zip(runners, requests, timeouts)))
+        return list(pool.map(lambda call: call[0].call(call[1], call[2], until=call[3]),
+                             zip(runners, requests, timeouts, untils)))
 
 
 def sdpa_peer(case, seed):
@@ -109,23 +113,25 @@ def test_budget(grading, submission, check, slot):
     budget = grading.rubric.budgets[f"flash_{slot}"]
     case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"], head_dim=budget["d"],
                      dtype=budget["dtype"], is_causal=budget["causal"])
+    # The warm-up gets what the runners' start and import left of the limit: in a run of 16
+    # timing checks at once, a start, an import and a warm-up of 120 s each held a worker and the
+    # check queued behind it for over 200 s (notes/grading-speed.md, 2026-11-28, second session).
+    began = time.monotonic()
+    # Both runners start in this thread (a runner dies with the thread that started it: launcher.py's
+    # PR_SET_PDEATHSIG), and side by side: the reference's is launched before check() starts the
+    # student's. One after the other, two starts on a busy CPU took half a minute of the limit.
+    reference = reference_runner(grading) if grading.on_gpu else None
+    if reference is not None and reference.process is None:
+        reference.launch()
     c = check("timing", f"flash_{slot}", case, "timing")
     if not grading.on_gpu:
         c.not_here("it needs a GPU: timing budgets are measured on CUDA")
     grading.fail_if_stub(c, submission, FLASH_SLOTS[slot])
     request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
     timeout = grading.rubric.timeout("timing")
-    # The warm-up gets what the runners' start and import left of the limit: in a run of 16
-    # timing checks at once, a start, an import and a warm-up of 120 s each held a worker and the
-    # check queued behind it for over 200 s (notes/grading-speed.md, 2026-11-28, second session).
-    began = time.monotonic()
-    # Both runners start here, in this thread: a runner dies with the thread that started it
-    # (launcher.py's PR_SET_PDEATHSIG), and the pool's threads end. The reference's only if the
-    # student's adapters import.
     student = grading.runner(submission)
     if (failure := student.import_failure()) is not None:
         c.settle_reply(failure)
-    reference = reference_runner(grading)
     reference.import_failure()
     runners = (student, reference)
     try:
@@ -142,14 +148,19 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them).
     The warm-up ends `timeout` seconds after `began`, the check's start."""
     student, reference = runners
-    warm_s = max(1.0, began + timeout - time.monotonic())  # the reference's own warm-up keeps the whole limit
+    # The student's warm-up ends `timeout` after the check began, whatever held it (its start, a
+    # wait for the GPU, other checks' timing windows): credited with the windows' pauses, a cold
+    # warm-up among 16 at a time ran past 200 s and held its worker's next check behind it. The
+    # reference's own warm-up keeps the whole limit (its slowness is the grader's, never the student's).
+    until = began + timeout
+    warm_s = max(1.0, until - time.monotonic())
     warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed,
-                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout))
+                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout), student_until=until)
     if warm[0].status == "timeout":
         c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
-               f"had not ended {timeout:.0f} s after the check began (its runner's start and import included), "
-               f"so no pass was timed; this advice check waits no longer, as the class's other checks need the "
-               f"worker.", warm[0].message, outcome=outcomes.TIMEOUT, seconds=warm[0].seconds)
+               f"had not ended {timeout:.0f} s after the check began (its runner's start and import, and any wait "
+               f"for the GPU, included), so no pass was timed; this advice check waits no longer, as the class's "
+               f"other checks need the worker.", warm[0].message, outcome=outcomes.TIMEOUT, seconds=warm[0].seconds)
     c.settle_reply(warm[0])
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")

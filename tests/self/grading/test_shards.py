@@ -47,7 +47,8 @@ def test_a_stubbed_triton_slot_stays_one_shard():
 def test_other_parts():
     assert shards.shard_of(item("test_flash", "test_forward", slot="pytorch", tier="handout", case=CASE), set()) \
         == "pytorch"
-    assert shards.shard_of(item("test_flash", "test_runs_on_cuda"), set()) == "pytorch"
+    # the PyTorch slot on CUDA joins its timing runner: its runner on the CPU never starts CUDA
+    assert shards.shard_of(item("test_flash", "test_runs_on_cuda", device="cuda"), set()) == "timing-pytorch"
     # a check of one case (hygiene, implementation) joins its case's shard, whose reply and kernels it shares
     assert shards.shard_of(item("test_flash", "test_hygiene", slot="triton", tier="handout", case=CASE), set()) \
         == "triton-bf16-causal-d64"

@@ -177,8 +177,8 @@ def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_se
         def __init__(self, reply):
             self.reply = reply
 
-        def call(self, request, timeout):
-            asked.append((request["op"], round(timeout)))
+        def call(self, request, timeout, until=None):
+            asked.append((request["op"], round(timeout), until is not None))
             return self.reply
 
     class Failed(Exception):
@@ -195,8 +195,46 @@ def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_se
     with pytest.raises(Failed) as failed:
         test_timing.measure_budget(Check(), grading, SimpleNamespace(name="alice"), (Runner(timed_out), Runner(ready)),
                                    {"slot": "triton"}, case, {"ratio": 3.0}, 120.0, time.monotonic() - 100.0)
-    assert sorted(asked) == [("warm_timing", 20), ("warm_timing", 120)]
+    # the student's warm-up ends at the check's deadline whatever holds it; the reference's has none
+    assert sorted(asked) == [("warm_timing", 20, True), ("warm_timing", 120, False)]
     sentence, evidence, outcome = failed.value.args
     assert sentence.startswith("its warm-up at the timing case (bf16-4096x4096-d64-causal: compiling, autotuning")
-    assert "had not ended 120 s after the check began (its runner's start and import included)" in sentence
+    assert ("had not ended 120 s after the check began (its runner's start and import, and any wait for the "
+            "GPU, included)") in sentence
     assert evidence == "timed out after 20 s in setup" and outcome == "timeout"
+
+
+class PausedAllAlong:
+    """A reservation that timing windows keep pausing (gpu_ledger.Holding): every poll, a second more."""
+
+    def __init__(self):
+        self.paused = 0.0
+
+    def paused_s(self):
+        self.paused += 1.0
+        return self.paused
+
+
+def test_a_warm_up_paused_by_window_after_window_still_ends_at_its_deadline(tmp_path):
+    """The stall of a timing-only run: 16 timing checks at once, their windows back to back, and a
+    cold warm-up credited with every pause ran past 200 s of a 120 s limit, holding its worker's
+    next check behind it (notes/grading-speed.md, 2026-11-28). With `until` the call ends there
+    whatever paused it; without, each pause moves its deadline on (a fair timeout for a call that
+    is not a warm-up): here it waits the class's whole 8 s out."""
+    (tmp_path / "adapters.py").write_text(textwrap.dedent(SLOW.format(seconds=8)))
+    case = FlashCase(batch=(2,), n_queries=33, n_keys=33, head_dim=16, dtype="float32", is_causal=False)
+    request = {"op": "flash", "slot": "pytorch", "case": case.to_json(), "device": "cpu", "seed": 5}
+    def timed(**until):  # a runner of its own: after a timeout its runner fails that case at once
+        runner = SubmissionRunner(load_submission(tmp_path), import_timeout=120)
+        try:
+            assert runner.import_failure() is None
+            started = time.monotonic()
+            reply = runner._call(request, 2.0, holding=PausedAllAlong(), **{k: started + v for k, v in until.items()})
+            return reply, time.monotonic() - started
+        finally:
+            runner.close()
+
+    reply, bounded = timed(until=2.0)
+    credited, unbounded = timed()
+    assert reply.status == "timeout" and bounded < 3.0
+    assert credited.ok and unbounded >= 8.0
