@@ -83,16 +83,20 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
 
 
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run
-# whose longest shards come last ends with a few workers busy while the rest wait. The order is
-# the measured one (notes/grading-speed.md has the figures): the Triton timing shard, the PyTorch
-# slot, the distributed shard and a Triton shard are the long ones. Triton memory comes first of
-# all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch tiles in a Python loop
-# takes minutes (the example triton_slot_without_triton), and handed out last that one shard kept
-# a class running long after every other worker had finished.
+# whose longest shards come last ends with a few workers busy while the rest wait. Triton memory
+# comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch tiles in
+# a Python loop takes minutes (the example triton_slot_without_triton). The Triton shards come next:
+# their cost has no bound but the flash calls' timeout, since a slow kernel is slow at every case,
+# its required ones included, which the time limit never cuts. In the corpus class one
+# submission's torch.compile'd backward (an unrolled tile loop) waited out 300 s at its first
+# 1024 x 1024 case in each of its four Triton shards, and handed out after the PyTorch and
+# distributed shards they ended the run a minute and a half after the rest; replayed
+# (bench/replay_schedule.py --timed-out), Triton first ended four class runs 100 to 150 s sooner
+# (notes/grading-speed.md, 2026-11-28, fourth session). The PyTorch slot, on the CPU, is long but bounded.
 # Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them through the
 # run, a few at a time per GPU: their measured windows pause the others' GPU calls (gpu_ledger.py),
 # and handed out together at the end they queued behind each other.
-HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "triton", "timing-triton", "timing-pytorch")
+HEAVY_FIRST = ("memory-triton", "triton", "distributed", "pytorch", "timing-triton", "timing-pytorch")
 
 
 def cost_rank(shard: str) -> int:

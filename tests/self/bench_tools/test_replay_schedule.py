@@ -1,7 +1,7 @@
 """bench/replay_schedule.py: a class run's recorded checks, replayed through the scheduler."""
 import json
 
-from bench.replay_schedule import recorded_groups, replay
+from bench.replay_schedule import recorded_groups, replay, timed_out
 
 FLASH = "grading/checks/test_flash.py::test_forward"
 
@@ -23,3 +23,16 @@ def test_a_replay_keeps_each_checks_time_and_fills_in_the_unrecorded(tmp_path):
     assert sum(seconds[n] for n in groups["b/pytorch"]) == 8.0
     end, steals = replay(groups, seconds, ("triton", "pytorch"), workers=2)
     assert end == 20.0 and steals == 0  # gw0: c (10 s) then b (8 s); gw1: a (20 s)
+
+
+def test_a_timed_out_submissions_unrecorded_triton_checks_wait_out_one_timeout_per_group(tmp_path):
+    """A check still running at the stop may have been waiting out a timeout: its group's mean is
+    then far too short. With --timed-out, each Triton group of that submission gets one check of the
+    timeout, and its later unrecorded checks none (its runner fails every larger case at once)."""
+    timeline = rows("a/triton-fp32-full", [5.0, 5.0, 5.0], 0.0) + rows("b/triton-fp32-full", [5.0], 0.0) \
+        + rows("b/pytorch", [2.0], 0.0) + rows("a/pytorch", [2.0, 2.0], 0.0)
+    (tmp_path / "timeline.json").write_text("\n".join(json.dumps(r) for r in timeline))
+    groups, seconds = recorded_groups(tmp_path)
+    timed_out(groups, seconds, "b", 300.0)
+    assert [seconds[n] for n in groups["b/triton-fp32-full"]] == [5.0, 300.0, 0.0]
+    assert [seconds[n] for n in groups["b/pytorch"]] == [2.0, 2.0]  # not a Triton group: its mean
