@@ -15,6 +15,7 @@ import torch
 from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.harness.gpu_ledger import wait_for_idle_gpu
+from fa2_sandbox.harness.watchdog import ahead_of_the_others
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
@@ -175,7 +176,9 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
                                    say=student.note) as window:
         started = time.monotonic()
         window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device(), tw.IDLE_WAIT_S)
-        m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
+        timed = [identity for runner in runners if (identity := runner.identity()) is not None]
+        with ahead_of_the_others(timed) as window["raised_threads"]:
+            m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
         time_left = started + tw.WINDOW_S - time.monotonic()
         sdpa_ms = sdpa_median_ms(sdpa) if m.stopped_after_s is None and time_left > tw.SDPA_S else None
         window["measured_s"] = time.monotonic() - started

@@ -7,6 +7,8 @@ import subprocess
 import sys
 import time
 
+import pytest
+
 from fa2_sandbox.harness.scratch import PROJECT_ROOT
 
 HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
@@ -47,3 +49,26 @@ def test_runner_dies_with_its_grader():
     if alive(pid):
         os.kill(pid, 9)
         raise AssertionError(f"the runner {pid} was still running 20 s after its grader died")
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
+def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
+    """A timing window raises the runners it times (watchdog.ahead_of_the_others) and puts them
+    back after: every thread of every process of the runner, not its first thread alone."""
+    from fa2_sandbox.harness.client import SubmissionRunner
+    from fa2_sandbox.harness.discover import load_submission
+    from fa2_sandbox.harness.watchdog import TIMED_NICE, ahead_of_the_others, runner_pids
+
+    def nices(identity):
+        return {os.getpriority(os.PRIO_PROCESS, int(tid))
+                for pid in runner_pids(identity) for tid in os.listdir(f"/proc/{pid}/task")}
+
+    runner = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
+    try:
+        identity = runner.identity()
+        before = nices(identity)
+        with ahead_of_the_others([identity]) as raised:
+            assert raised > 1 and nices(identity) == {TIMED_NICE}  # torch's threads too
+        assert nices(identity) == before != {TIMED_NICE}
+    finally:
+        runner.close()
