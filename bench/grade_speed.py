@@ -202,10 +202,15 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
         if r.get("outcome") == "import_error":
             import_errors.setdefault(r.get("submission", "?"), (r.get("output") or "")[:300])
     times = sorted(r["recorded_at"] - started for r in records if r.get("recorded_at"))
-    finished = defaultdict(float)  # submission -> when its last check was recorded, from the start
+    # A submission is finished once its results.json is written (all its checks done); one still
+    # short of checks at a stop is listed apart, with when its last check was recorded.
+    done = {path.parent.name for path in reports.glob("*/results.json")}
+    finished, unfinished = defaultdict(float), defaultdict(float)  # submission -> its last record, from the start
     for r in records:
         if r.get("recorded_at"):
-            finished[r.get("submission", "?")] = max(finished[r.get("submission", "?")], r["recorded_at"] - started)
+            name = r.get("submission", "?")
+            table = finished if name in done else unfinished
+            table[name] = max(table[name], r["recorded_at"] - started)
     # Each timing window: how long it waited once both sides were warm (for its turn, then for the
     # kernels in flight), how many runners it paused and how long it measured (test_timing.py).
     windows = {f"{r.get('submission')}::{r.get('check')}": r["timing"]["window"] for r in records
@@ -215,6 +220,7 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
             "ninety_percent_s": round(times[int(0.9 * (len(times) - 1))], 1) if times else None,
             "last_record_s": round(times[-1], 1) if times else None,
             "finished_s": {k: round(v, 1) for k, v in sorted(finished.items(), key=lambda kv: kv[1])},
+            "unfinished_last_record_s": {k: round(v, 1) for k, v in sorted(unfinished.items(), key=lambda kv: kv[1])},
             "windows": windows,
             "out_of_memory": out_of_memory, "grader_errors": grader_errors, "import_errors": import_errors,
             "timing": timing, "cut": dict(sorted(cut.items(), key=lambda kv: -kv[1])),
@@ -388,6 +394,9 @@ def print_phases(r: dict) -> None:
                                                                         for n, t in finished))
         last, before, median = times[-1], times[-2], times[len(times) // 2]
         print(f"  the last {last - before:.0f} s after the one before it, {last - median:.0f} s after the median")
+    if r.get("unfinished_last_record_s"):
+        print(f"{r['scenario']}: not finished (a check still to come), their last record at (s): "
+              + ", ".join(f"{n.split('__')[0]} {t:.0f}" for n, t in r["unfinished_last_record_s"].items()))
     if r.get("windows_line"):
         print(f"{r['scenario']}: {r['windows_line']}")
     if r.get("cut"):
