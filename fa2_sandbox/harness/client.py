@@ -323,9 +323,8 @@ class SubmissionRunner:
         if none is running (the first time, or after a crash), so the caller's thread starts it."""
         if self.submission.problem:
             return Reply(outcomes.IMPORT_ERROR, self.submission.problem)
-        if self.process is None and not (self.ready and self.ready.get("import_error")) or \
-                self.process is not None and self.ready is None:  # stopped, or launched and importing
-            self.start()
+        if self.ready is None or (self.process is None and not self.ready.get("import_error")):
+            self.start()  # never started, launched and importing, or stopped since
         if self.ready and self.ready.get("import_error"):
             return Reply(outcomes.IMPORT_ERROR, self.ready["import_error"], traceback=self.ready.get("traceback", ""))
         return None

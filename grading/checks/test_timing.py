@@ -172,13 +172,15 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",
                outcome="error")
     sdpa = sdpa_peer(case, grading.seed)
-    with grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
-                                   say=student.note) as window:
+    # Raised before the window, not in it: finding their threads reads /proc while the others wait.
+    timed = [identity for runner in runners if (identity := runner.identity()) is not None]
+    with ahead_of_the_others(timed) as raised, \
+            grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
+                                      say=student.note) as window:
         started = time.monotonic()
+        window["raised_threads"] = raised
         window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device(), tw.IDLE_WAIT_S)
-        timed = [identity for runner in runners if (identity := runner.identity()) is not None]
-        with ahead_of_the_others(timed) as window["raised_threads"]:
-            m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
+        m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
         time_left = started + tw.WINDOW_S - time.monotonic()
         sdpa_ms = sdpa_median_ms(sdpa) if m.stopped_after_s is None and time_left > tw.SDPA_S else None
         window["measured_s"] = time.monotonic() - started
