@@ -90,33 +90,32 @@ def signal_runner(identity: dict, sig: int) -> None:
             pass
 
 
-# How far a timing window raises the runners it times above the others (nice -10 against 0:
-# about ten times the CPU share of each other runner, CFS's weights 9548 against 1024).
+# How far a timing window raises the processes it times above the others (nice -10 against 0:
+# about ten times the CPU share of each other process, CFS's weights 9548 against 1024).
 TIMED_NICE = -10
 
 
 @contextlib.contextmanager
-def ahead_of_the_others(identities: list):
-    """For the block, the runners `identities` name (every thread of every process) run at
-    TIMED_NICE; yields how many threads were raised (0 where this user may not raise them: only
-    root may). A timing window pauses the other runners' GPU calls, not their CPU work: with 16
-    runners keeping 16 cores busy, a timed runner that waited for a core between two launches read
-    3 times its own time (the reference 5.0 ms a pass where it reads 1.6 ms, while SDPA, timed on
-    the GPU by events, read its idle time)."""
+def ahead_of_the_others(pids: list):
+    """For the block, every thread of the processes `pids` runs at TIMED_NICE; yields how many
+    threads were raised (0 where this user may not raise them: only root may). A timing window
+    pauses the other runners' GPU calls, not their CPU work: with 16 runners keeping 16 cores busy,
+    a timed runner that waited for a core between two launches read 3 times its own time (the
+    reference 5.0 ms a pass where it reads 1.6 ms, while SDPA, timed on the GPU by events, read its
+    idle time)."""
     before = {}
-    for identity in identities:
-        for pid in runner_pids(identity):
+    for pid in pids:
+        try:
+            threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
+        except OSError:
+            continue
+        for tid in threads:
             try:
-                threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
-            except OSError:
-                continue
-            for tid in threads:
-                try:
-                    old = os.getpriority(os.PRIO_PROCESS, tid)
-                    os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
-                    before[tid] = old
-                except OSError:  # ended meanwhile, or not ours to raise
-                    pass
+                old = os.getpriority(os.PRIO_PROCESS, tid)
+                os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
+                before[tid] = old
+            except OSError:  # ended meanwhile, or not ours to raise
+                pass
     try:
         yield len(before)
     finally:

@@ -5,6 +5,7 @@ inputs drawn from fresh seeds, and judges the outputs of the last timed pass so 
 answer fails. How the passes are planned and timed, in a window of the GPU's time that pauses the
 other runners for at most a few seconds whatever the student's speed: timed_window.py.
 """
+import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
@@ -15,7 +16,7 @@ import torch
 from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.harness.gpu_ledger import wait_for_idle_gpu
-from fa2_sandbox.harness.watchdog import ahead_of_the_others
+from fa2_sandbox.harness.watchdog import ahead_of_the_others, runner_pids
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
@@ -172,8 +173,11 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",
                outcome="error")
     sdpa = sdpa_peer(case, grading.seed)
-    # Raised before the window, not in it: finding their threads reads /proc while the others wait.
-    timed = [identity for runner in runners if (identity := runner.identity()) is not None]
+    # Raised: both runners, and this worker, whose thread stamps each stretch's end as the runner's
+    # message comes (a stamp late by a few ms is a tenth of a stretch of 12 reference passes).
+    # Before the window, not in it: finding their threads reads /proc while the others wait.
+    timed = [os.getpid()] + [pid for runner in runners if (identity := runner.identity()) is not None
+                             for pid in runner_pids(identity)]
     with ahead_of_the_others(timed) as raised, \
             grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
                                       say=student.note) as window:
@@ -189,6 +193,8 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     timing = {"student_ms": ms(m.student_times),
               "reference_ms": ms(m.reference_ms), "sdpa_ms": sdpa_ms, "ratio": m.ratio, "budget": budget["ratio"],
               "student_passes": m.passes, "reference_passes": m.reference_passes,
+              "student_stretches_ms": [round(t, 3) for t in m.student_ms],
+              "reference_stretches_ms": [round(t, 3) for t in m.reference_ms],
               "first_ms": m.first_ms, "decided_early": m.decided_early, "stopped_after_s": m.stopped_after_s,
               "window": {**{k: round(v, 2) for k, v in window.items()},
                          "steps": {k: round(v, 2) for k, v in m.steps.items()}}}

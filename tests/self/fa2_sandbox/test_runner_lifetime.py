@@ -53,7 +53,7 @@ def test_runner_dies_with_its_grader():
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
 def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
-    """A timing window raises the runners it times (watchdog.ahead_of_the_others) and puts them
+    """A timing window raises the processes it times (watchdog.ahead_of_the_others) and puts them
     back after: every thread of every process of the runner, not its first thread alone."""
     from fa2_sandbox.harness.client import SubmissionRunner
     from fa2_sandbox.harness.discover import load_submission
@@ -67,7 +67,7 @@ def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
     try:
         identity = runner.identity()
         before = nices(identity)
-        with ahead_of_the_others([identity]) as raised:
+        with ahead_of_the_others(runner_pids(identity)) as raised:
             assert raised > 1 and nices(identity) == {TIMED_NICE}  # torch's threads too
         assert nices(identity) == before != {TIMED_NICE}
     finally:
