@@ -10,9 +10,7 @@ collection order. On an H100 with 16 workers and a class of 20 real repos, two t
   duration of its completed checks times the checks still queued), when that is at least
   STEAL_MIN_S. The thief starts a runner of its own for the group (seconds of a core, plus the
   kernels it compiles): results stay right, since every worker computes the replies it lacks, but
-  a group must prove slow before it is split, and what is left must be worth the start. A group
-  whose queued checks would hold its worker SPLIT_MIN_S or more is split at once, while other
-  groups still queue: its later half goes to the head of the queue, for the next worker that asks.
+  a group must prove slow before it is split, and what is left must be worth the start.
 - Timing groups (one check each, a few seconds of which hold the GPU alone) went out last, and
   queued behind each other. Here they are spread through the queue, and at most TIMING_PER_GPU are
   in progress on one GPU at a time.
@@ -34,7 +32,6 @@ from grading import shards
 
 TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
-SPLIT_MIN_S = 240.0  # ... for the group to be split while other groups still queue (four minutes of one worker)
 RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and the one it holds next
 
 
@@ -53,7 +50,7 @@ class Steal(NamedTuple):
 class Request(NamedTuple):
     """The steal in flight: the victim answers with the tests it removed from its queue."""
     victim: object
-    thief: object  # None: the next worker that asks for work (a slow group split early)
+    thief: object
     key: tuple
     seconds: float
 
@@ -64,14 +61,13 @@ class GradingScheduling(LoadGroupScheduling):
     tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
-                 steal_min_s: float | None = None, split_min_s: float | None = None, on_steal=None):
+                 steal_min_s: float | None = None, on_steal=None):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
         # Read here, not as defaults: a test session's plugin may change them.
         self.timing_per_gpu = TIMING_PER_GPU if timing_per_gpu is None else timing_per_gpu
         self.steal_min_s = STEAL_MIN_S if steal_min_s is None else steal_min_s
-        self.split_min_s = SPLIT_MIN_S if split_min_s is None else split_min_s
         self.smaller_than = {}  # group -> only cases smaller than this may be shared (timed_out)
         self.completed = {}  # group -> [seconds, count] of its completed tests
         self.parts = Counter()  # group -> parts made by steals
@@ -121,10 +117,8 @@ class GradingScheduling(LoadGroupScheduling):
     def _reschedule(self, node) -> None:
         if not self.workqueue:  # any completion may show a group to be slow: idle workers look again
             self._share_the_rest()
-            return
-        if not node.shutting_down and self._pending_of(self.assigned_work[node]) <= RUNNING:  # loadscope's mark
+        elif not node.shutting_down and self._pending_of(self.assigned_work[node]) <= RUNNING:  # loadscope's mark
             self._assign_work_unit(node)
-        self._split_a_slow_group()
 
     def _assign_work_unit(self, node) -> None:
         key = self._next_unit(node)
@@ -185,26 +179,9 @@ class GradingScheduling(LoadGroupScheduling):
                  f"(about {seconds:.0f} s left)")
         victim.send_steal([self.position[nodeid] for nodeid in tests])
 
-    def _split_a_slow_group(self) -> None:
-        """Groups still queue, but one has proved so slow that its own queued checks would hold its
-        worker split_min_s or more: their later half goes to the head of the queue, for the next
-        worker that asks. Waiting for the queue to empty first, a class run ended minutes after
-        the rest on two such groups: a kernel autotuned for every shape (430 s of one worker), and
-        a torch.compile'd backward whose every case compiled for a minute (notes/grading-speed.md,
-        2026-11-28, fifth session)."""
-        if self.request is not None:  # one steal at a time; the answer calls again
-            return
-        victim, key, tests, seconds = self._most_worth_stealing(self.split_min_s)
-        if victim is not None:
-            self.request = Request(victim, None, key, seconds)
-            self.log(f"asking {victim.gateway.id} for {len(tests)} checks of {key[0]} for the next free worker "
-                     f"(about {seconds:.0f} s left)")
-            victim.send_steal([self.position[nodeid] for nodeid in tests])
-
-    def _most_worth_stealing(self, min_s: float | None = None):
+    def _most_worth_stealing(self):
         """(victim, unit key, tests to steal, seconds left) of the unit whose queued checks are
-        expected to take longest, at least `min_s` (steal_min_s); (None,) * 4 when there is none."""
-        min_s = self.steal_min_s if min_s is None else min_s
+        expected to take longest, at least steal_min_s; (None,) * 4 when there is none."""
         best = (None, None, None, 0.0)
         for node, units in self.assigned_work.items():
             pending = [(key, nodeid) for key, unit in units.items() for nodeid, done in unit.items() if not done]
@@ -218,7 +195,7 @@ class GradingScheduling(LoadGroupScheduling):
                 mine = [nodeid for k, nodeid in queued if k == key
                         and (limit is None or (case_size(nodeid) or limit) < limit)]
                 left = len(mine) * seconds / count
-                if left < min_s or (best[0] is not None and left <= best[3]):
+                if left < self.steal_min_s or (best[0] is not None and left <= best[3]):
                     continue
                 if tests := later_half(units[key], mine):
                     best = (node, key, tests, left)

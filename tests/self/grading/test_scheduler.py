@@ -243,32 +243,6 @@ def test_a_worker_never_given_a_group_waits_to_share_one():
     ran_once(scheduler, nodes)
 
 
-def test_a_group_that_proves_very_slow_is_split_while_other_groups_queue():
-    """gw0 takes a group of 8 cases whose forward takes 60 s (a kernel compiled or autotuned for
-    each case: its backward is then quick), the other 3 workers and the queue 60 groups of 2
-    checks of 10 s. After its first check, gw0's 13 queued ones are expected to take 780 s, over
-    split_min_s (240 s): their later half goes to the head of the queue, taken by the next worker
-    that asks, before the groups queued behind it. Waiting for the queue to empty, the class ends
-    40 s later: the group's last cases, a minute each, run one after the other."""
-    def seconds(nodeid):
-        return (60.0 if "test_forward" in nodeid else 0.0) if SLOW in nodeid else 10.0
-
-    collection = pairs(SLOW, 8) + [test for k in range(60) for test in pairs("pytorch", 1, f"p{k}")]
-    seen = []
-    scheduler, nodes, sent = start(collection, 4, on_steal=lambda steal: seen.append(
-        (steal, [key[0] for key in scheduler.workqueue])))
-    took = run(scheduler, nodes, seconds)
-    steal, queue = seen[0]
-    assert (steal.group, steal.victim, steal.thief) == (f"alice/{SLOW}", "gw0", "the next free worker")
-    assert queue[0] == f"alice/{SLOW}" and "p59/pytorch" in queue  # at the head, with the groups still queued
-    order = groups_sent(scheduler, sent)
-    assert order.index(f"alice/{SLOW}", 1) < order.index("p59/pytorch")  # handed out before the groups behind it
-    ran_once(scheduler, nodes)
-
-    scheduler, nodes, sent = start(collection, 4, split_min_s=float("inf"))  # only idle workers share it
-    assert took == 420.0 and run(scheduler, nodes, seconds) == 460.0
-
-
 def test_no_steal_before_a_check_of_the_group_has_completed():
     # the slow group's first check takes 1000 s: when gw1 runs out it has proved nothing
     scheduler, nodes, sent = start(slow_and_quick(), 2)
@@ -350,7 +324,7 @@ def test_a_victim_that_dies_with_a_steal_in_flight():
     """Its undone tests go back to the queue (loadscope), its late answer changes nothing, and
     another worker runs them."""
     collection = slow_and_quick() + pairs("pytorch", 1, "carol")
-    scheduler, nodes, sent = start(collection, 3, split_min_s=float("inf"))  # its requeued group is not split again
+    scheduler, nodes, sent = start(collection, 3)
     victim, quick, spare = nodes
     run(scheduler, nodes, seconds_of, stop=lambda: victim.asked)  # at 30 s, gw2 has run carol's forward
     assert scheduler.request.thief is spare
