@@ -85,18 +85,17 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run
 # whose longest shards come last ends with a few workers busy while the rest wait. Triton memory
 # comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch tiles in
-# a Python loop takes minutes (the example triton_slot_without_triton). The Triton shards come next:
-# their cost has no bound but the flash calls' timeout, since a slow kernel is slow at every case,
-# its required ones included, which the time limit never cuts. In the corpus class one
-# submission's torch.compile'd backward (an unrolled tile loop) waited out 300 s at its first
-# 1024 x 1024 case in each of its four Triton shards, and handed out after the PyTorch and
-# distributed shards they ended the run a minute and a half after the rest; replayed
-# (bench/replay_schedule.py --timed-out), Triton first ended four class runs 100 to 150 s sooner
-# (notes/grading-speed.md, 2026-11-28, fourth session). The PyTorch slot, on the CPU, is long but bounded.
+# a Python loop takes minutes (the example triton_slot_without_triton). Then the PyTorch slot and
+# the distributed checks, then the Triton shards. The Triton shards before the PyTorch slot, tried
+# on the corpus class (one H200, -n 16, 550 s), recorded fewer checks (4088 against 4257), finished
+# 16 submissions instead of 19 and cut 613 advice checks instead of 248: every submission's
+# compiling and autotuning at once made each slower, the Triton checks used up the submissions'
+# time limits first, and the slow PyTorch slots (a tiled loop under torch.compile) came last
+# (notes/grading-speed.md, 2026-11-28, fifth session).
 # Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them through the
 # run, a few at a time per GPU: their measured windows pause the others' GPU calls (gpu_ledger.py),
 # and handed out together at the end they queued behind each other.
-HEAVY_FIRST = ("memory-triton", "triton", "distributed", "pytorch", "timing-triton", "timing-pytorch")
+HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "triton", "timing-triton", "timing-pytorch")
 
 
 def cost_rank(shard: str) -> int:

@@ -129,14 +129,13 @@ def test_group_names_give_back_their_submission():
 
 
 def test_heaviest_shards_run_first():
-    """Groups are collected longest first (shards.HEAVY_FIRST): Triton memory and the Triton shards,
-    whose cost has no bound for a slow Triton slot but its timeouts, first of all, and timing last;
-    the scheduler hands them out in that order but for the timing groups, which it spreads through
-    the run (test_scheduler.py)."""
+    """Groups are collected longest first (shards.HEAVY_FIRST), Triton memory, whose cost has no
+    bound for a slow Triton slot, first of all, and timing last; the scheduler hands them out in
+    that order but for the timing groups, which it spreads through the run (test_scheduler.py)."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
     ordered = sorted(names, key=shards.cost_rank)
-    assert ordered == ["memory-triton", "triton-bf16-causal-d64", "triton", "distributed", "pytorch",
+    assert ordered == ["memory-triton", "pytorch", "distributed", "triton-bf16-causal-d64", "triton",
                        "timing-triton", "timing-pytorch"]
 
 

@@ -75,7 +75,7 @@ def test_a_slow_kernel_is_decided_by_its_first_pass():
 
 def test_a_short_first_pass_over_the_line_is_not_decided_alone():
     """A first pass of 15 ms, 10x the reference (the DECIDED line is 2 x 3 = 6x), is shorter than
-    EARLY_MIN_MS: its 11 other passes run (0.17 s), and the verdict is the stretches' median; a
+    EARLY_MIN_MS: its 11 other passes run (0.17 s), and the verdict is the fastest stretch's; a
     first pass timed alone on a busy CPU read 6 to 10 times what the same kernel's stretches read."""
     m, log, held = window(student_ms=15.0)
     assert not m.decided_early and len(m.student_ms) == 3 and m.ratio == pytest.approx(10.0)
