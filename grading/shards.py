@@ -8,7 +8,7 @@ So a submission's tests are split into shards that share nothing but the student
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
   two shards compile the same kernel, and each shard's autotuning covers its own lengths; in a
-  class of at least a submission per worker, by (dtype, causal) (per_kernel_shards);
+  class whose Triton shards by (dtype, causal) fill the workers, by (dtype, causal) (per_kernel_shards);
 - the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
 - the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
   ranks from one call to the next (fa2_sandbox/runner/ranks.py RankPool), so one spawn serves
@@ -71,15 +71,21 @@ def timing_shard(slot: str) -> str:
     return f"timing-{slot}"
 
 
+# The Triton shards of a submission without a shard per kernel: bfloat16 and float32, each causal or not.
+KERNEL_FAMILIES = 4
+
+
 def per_kernel_shards(submissions: int, workers: int) -> bool:
     """Whether the Triton slot gets a shard per kernel. A shard per kernel lets one submission's
     kernels compile on every worker at once, but each shard starts a runner (seconds of a core:
-    Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. A class with
-    a submission per worker keeps every worker busy anyway, and there the starts were the CPU's
-    largest cost: a class of public repos as large as the workers ran CPU-bound
-    (notes/grading-speed.md). So only a class smaller than the workers
-    spreads a submission that thin; a larger one shards the Triton slot by dtype and causal flag."""
-    return submissions < workers
+    Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. Where the
+    Triton shards by (dtype, causal flag) already fill the workers, the starts are the CPU's cost
+    and nothing is gained: the corpus class of 21 on a 2-GPU host (-n 32) split per kernel made
+    354 groups instead of 189 and ran CPU-bound (92% of 32 cores), its runner starts taking
+    2845 s of 400 where one GPU's 16 workers spent 1135 s of 550; it had recorded fewer checks at
+    400 s than one GPU (notes/grading-speed.md, 2026-11-28, fifth session). So a submission is
+    spread that thin only while its class's (dtype, causal) shards would leave workers idle."""
+    return submissions * KERNEL_FAMILIES < workers
 
 
 # Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run

@@ -29,9 +29,11 @@ def test_triton_cases_split_by_what_triton_compiles_for():
         == "triton-fp32-full-d16"
 
 
-def test_a_class_of_a_submission_per_worker_shards_triton_by_dtype_and_causal_flag():
+def test_a_class_that_fills_the_workers_shards_triton_by_dtype_and_causal_flag():
     assert shards.per_kernel_shards(submissions=1, workers=16)
-    assert not shards.per_kernel_shards(submissions=20, workers=16)
+    assert shards.per_kernel_shards(submissions=3, workers=16)  # 12 (dtype, causal) shards: 4 workers idle
+    assert not shards.per_kernel_shards(submissions=4, workers=16)
+    assert not shards.per_kernel_shards(submissions=21, workers=32)  # the corpus class on two GPUs
     d16 = FlashCase(head_dim=16, dtype="bfloat16", is_causal=True)
     for case in (CASE, d16):  # two kernels, one runner
         assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=case), set(),
