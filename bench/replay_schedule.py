@@ -16,7 +16,10 @@ one of them, and where it was waiting out a timeout the mean is far too short: `
 gives each Triton group of submission NAME a first unrecorded check of --timeout seconds (the
 flash calls' 300 s) and the rest at once (a runner fails every larger case at once after a
 timeout). CPU contention is as recorded, whatever the order, and the timing windows' pauses are
-left out.
+left out. On a CPU-bound class that is the replay's largest error: it ended two runs 100 to 150 s
+sooner with the Triton shards first, and run, that order recorded fewer checks than the old one
+(every submission compiling and autotuning at once made each check slower; notes/grading-speed.md,
+2026-11-28, fifth session). Use it to find an order worth a run, never in place of one.
 """
 import argparse
 import contextlib
