@@ -23,13 +23,14 @@ from grading.checks import timed_window as tw  # noqa: E402
 from grading.rubric import Rubric  # noqa: E402
 
 
-def median_ms(runner, request, seed, passes) -> float:
-    """The median of `passes` timed passes of one runner, alone on the GPU."""
+def pass_ms(runner, request, seed, passes) -> float:
+    """A pass's milliseconds over `passes` timed passes of one runner, alone on the GPU: the fastest
+    of its stretches, as the suite reads a side's time (timed_window.fastest)."""
     runner.call({**request, "op": "prepare_timing", "seeds": tw.timed_seeds(seed, passes)}, 600)
-    reply = runner.call({**request, "op": "time_passes", "passes": passes}, 600)
+    reply = runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": tw.stretches(passes, 3)}, 600)
     if not reply.ok:
         raise SystemExit(f"{runner.submission.name} failed: {reply.status} {reply.message}")
-    return tw.median(tw.pass_times_ms(reply.phases))
+    return tw.fastest(tw.pass_times_ms(reply.phases))
 
 
 def main():
@@ -52,7 +53,7 @@ def main():
             for runner in runners.values():
                 runner.call({**request, "op": "warm_timing", "seed": 99}, 600)
             for run in range(args.runs):
-                times = {name: median_ms(runner, request, 100 + 100 * run, tw.MAX_PASSES)
+                times = {name: pass_ms(runner, request, 100 + 100 * run, tw.MAX_PASSES)
                          for name, runner in runners.items()}
                 ratios["reference"].append(times["reference-again"] / times["reference"])
                 ratios["tiles16"].append(times["tiles16"] / times["reference"])
