@@ -1,4 +1,4 @@
-"""The grading tests' fixtures: `grading` (the session's state) and `check` (a check's record).
+"""The grading tests' fixtures: `session` (the grading session's state) and `check` (a check's record).
 
 Registered as a plugin with the grading plugin (grading/pytest_plugin.py), not a conftest.py:
 the checks are collected from wherever the package is installed. `submission` is parametrized by
@@ -10,14 +10,14 @@ from grading.session import GRADING
 
 
 @pytest.fixture(scope="session")
-def grading(pytestconfig):
+def session(pytestconfig):
     state = pytestconfig.stash[GRADING]
     yield state
     state.close()
 
 
 @pytest.fixture
-def check(request, grading, submission):
+def check(request, session, submission):
     """Factory: check(part, name, case="", tier="default") -> Check, recorded for this test.
 
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
@@ -25,9 +25,9 @@ def check(request, grading, submission):
     A submission whose adapters do not import fails the check here, with the import error; an
     advice check whose turn comes after --time-limit is cut here."""
     def make(part, name, case="", tier="default"):
-        request.node.grading_check = Check(submission, part, name, case, tier, grading.rubric,
+        request.node.grading_check = Check(submission, part, name, case, tier, session.rubric,
                                            getattr(request.node, "grading_group", None))
-        grading.fail_if_unimportable(request.node.grading_check, submission)
-        grading.cut_if_out_of_time(request.node.grading_check)
+        session.fail_if_unimportable(request.node.grading_check, submission)
+        session.cut_if_out_of_time(request.node.grading_check)
         return request.node.grading_check
     return make

@@ -22,16 +22,16 @@ ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
 
 # -- talking to the runner --------------------------------------------------------------------
 
-def distributed_call(grading, submission, kind, spec, what):
+def distributed_call(session, submission, kind, spec, what):
     """One spawn of WORLD_SIZE gloo ranks running `kind` ("ddp", "sharded", "fsdp") on `spec`,
     shared by every check that reads it."""
-    timeout = grading.rubric.timeout("distributed")
+    timeout = session.rubric.timeout("distributed")
     request = {"op": "distributed", "kind": kind, "spec": spec, "world_size": WORLD_SIZE,
                "timeout_s": max(30.0, timeout - 20)}
     # call_cached keys every reply by its submission as well (replies never cross submissions),
     # so this is one spawn per kind and DDP flavour for each submission.
     key = ("distributed", kind, spec.get("flavour"))
-    return grading.call_cached(submission, key, request, timeout, what)
+    return session.call_cached(submission, key, request, timeout, what)
 
 
 def pick(tensors, scenario, rank, kind):
@@ -296,13 +296,13 @@ def cast_compute(model, dtype):
             layer.forward = lambda x, m=layer: F.embedding(x, m.weight.to(dtype), m.padding_idx)
 
 
-def train_baseline(grading, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice(None)):
+def train_baseline(session, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice(None)):
     """Single-process SGD on rows of each global batch, computing in `dtype` (None: fp32)."""
     with one_thread():
-        model = build_model(FSDP_MODEL, grading.seed)
+        model = build_model(FSDP_MODEL, session.seed)
         if dtype is not None:
             cast_compute(model, getattr(torch, dtype))
-        x, y = make_batches(FSDP_MODEL, grading.seed + 3, FSDP_STEPS, FSDP_BATCH)
+        x, y = make_batches(FSDP_MODEL, session.seed + 3, FSDP_STEPS, FSDP_BATCH)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(steps):
             optimizer.zero_grad()
@@ -311,8 +311,8 @@ def train_baseline(grading, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice
         return {n: p.detach().clone() for n, p in model.named_parameters()}
 
 
-def initial_params(grading):
-    return {n: p.detach().clone() for n, p in build_model(FSDP_MODEL, grading.seed).named_parameters()}
+def initial_params(session):
+    return {n: p.detach().clone() for n, p in build_model(FSDP_MODEL, session.seed).named_parameters()}
 
 
 def by_original_name(got: dict, want: dict) -> dict:
@@ -326,7 +326,7 @@ def by_original_name(got: dict, want: dict) -> dict:
     return out
 
 
-def fsdp_first_step_grads(grading, dtype, rows=slice(None)):
+def fsdp_first_step_grads(session, dtype, rows=slice(None)):
     """The gradient SGD used in the first step, read off the parameters: (p0 - p1) / lr."""
-    init, after = initial_params(grading), train_baseline(grading, dtype, steps=1, rows=rows)
+    init, after = initial_params(session), train_baseline(session, dtype, steps=1, rows=rows)
     return {n: (init[n] - after[n]) / FSDP_LR for n in init}

@@ -45,9 +45,9 @@ def oracle_bytes(case) -> int:
     return (1 << 30) + 6 * 8 * (case.work // case.head_dim)
 
 
-def flash_timeout(grading, slot, device) -> float:
+def flash_timeout(session, slot, device) -> float:
     """A flash call's timeout: the Triton slot on a CPU runs under the (slow) interpreter."""
-    return grading.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash")
+    return session.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash")
 
 
 def replay_seed(seed: int) -> int:
@@ -57,7 +57,7 @@ def replay_seed(seed: int) -> int:
     return seed ^ 0x9E3779B9
 
 
-def run_case(grading, submission, slot, case, warmup=False, device=None, second=False):
+def run_case(session, submission, slot, case, warmup=False, device=None, second=False):
     """The runner's reply and tensors for one case, shared by the checks that read them.
     `warmup` runs the case once first, so compiling and autotuning stay out of measurements.
 
@@ -65,17 +65,17 @@ def run_case(grading, submission, slot, case, warmup=False, device=None, second=
     nothing else draws: in the same runner, with no other call between the two, whichever check
     asked first, so what the second answer shows is the same in every schedule. `second` returns
     its reply and tensors instead, or (None, None) where the case's own call failed."""
-    device = device or slot_device(slot, grading.on_gpu)
-    request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed,
+    device = device or slot_device(slot, session.on_gpu)
+    request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": session.seed,
                "device": device, "warmup": warmup}
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
-    timeout = flash_timeout(grading, slot, device)
-    answer = grading.call_cached(submission, ("flash", slot, case, device), request, timeout, what)
-    asked_again = answer[0].ok and not warmup and device == slot_device(slot, grading.on_gpu) \
-        and case in [c for _, c in replay_cases(slot, grading.on_gpu)]
+    timeout = flash_timeout(session, slot, device)
+    answer = session.call_cached(submission, ("flash", slot, case, device), request, timeout, what)
+    asked_again = answer[0].ok and not warmup and device == slot_device(slot, session.on_gpu) \
+        and case in [c for _, c in replay_cases(slot, session.on_gpu)]
     if asked_again:
-        again = grading.call_cached(submission, ("second input", slot, case, device),
-                                    {**request, "seed": replay_seed(grading.seed)}, timeout, f"{what}, a second input")
+        again = session.call_cached(submission, ("second input", slot, case, device),
+                                    {**request, "seed": replay_seed(session.seed)}, timeout, f"{what}, a second input")
     if second:
         return again if asked_again else (None, None)
     return answer
@@ -187,12 +187,12 @@ def machine_error(message: str, traceback: str) -> bool:
                 or INTERPRETER_LACKS.search(message))
 
 
-def needs_gpu(grading, submission, slot, phase="forward"):
+def needs_gpu(session, submission, slot, phase="forward"):
     """What shows that the Triton class cannot be judged on this machine (the rule above), quoting
     its error, or None. `phase` is the check's: a backward check also takes the backward's error."""
-    if slot != "triton" or grading.on_gpu:
+    if slot != "triton" or session.on_gpu:
         return None
-    reply, _ = run_case(grading, submission, slot, COURSE_CASE)
+    reply, _ = run_case(session, submission, slot, COURSE_CASE)
     backward_error = (reply.result.get("backward_error") or {}) if reply.ok and phase == "backward" else {}
     course = "the course case, B=4, N=128, d=64, float32,"
     if reply.status == outcomes.ERROR and machine_error(reply.message, reply.traceback):
@@ -203,23 +203,23 @@ def needs_gpu(grading, submission, slot, phase="forward"):
     return None
 
 
-def not_here_if_needs_gpu(check, grading, submission, slot, phase="forward"):
+def not_here_if_needs_gpu(check, session, submission, slot, phase="forward"):
     """End `check` as not graded here where the class needs a GPU to be judged (needs_gpu)."""
-    if why := needs_gpu(grading, submission, slot, phase):
+    if why := needs_gpu(session, submission, slot, phase):
         check.not_here(f"it needs a GPU: the class does not run under the CPU's Triton interpreter ({why})")
 
 
-def settle(check, grading, submission, slot, tier, case, phase="forward"):
+def settle(check, session, submission, slot, tier, case, phase="forward"):
     """The reply and tensors of a case, or end the check the way the call went wrong. On a machine
     without a GPU, a Triton class that does not run there (needs_gpu) is not graded here."""
-    grading.fail_if_stub(check, submission, FLASH_SLOTS[slot])
-    not_here_if_needs_gpu(check, grading, submission, slot, phase)
-    reply, tensors = run_case(grading, submission, slot, case)
+    session.fail_if_stub(check, submission, FLASH_SLOTS[slot])
+    not_here_if_needs_gpu(check, session, submission, slot, phase)
+    reply, tensors = run_case(session, submission, slot, case)
     if refused := refusal(reply, case, phase):
         check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refused}")
         return None, None
     if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
-            and not grading.on_gpu:
+            and not session.on_gpu:
         check.not_here(f"it needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
                    f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
     if check.record.check != "forward" and got_no_answer(reply):

@@ -89,31 +89,31 @@ def check_of(test: str, params: dict) -> tuple:
     return "sharded_optimizer", params.get("name") or test.removeprefix("test_sharded_"), "default"
 
 
-def ddp_run(grading, submission, flavour):
-    spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": grading.seed,
-            "data_seed": grading.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,
+def ddp_run(session, submission, flavour):
+    spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": session.seed,
+            "data_seed": session.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,
             "bucket_size_mb": BUCKET_SIZE_MB}
-    return distributed_call(grading, submission, "ddp", spec, f"DDP {flavour}, {WORLD_SIZE} gloo ranks")
+    return distributed_call(session, submission, "ddp", spec, f"DDP {flavour}, {WORLD_SIZE} gloo ranks")
 
 
-def sharded_run(grading, submission):
-    spec = {"model": SHARDED_MODEL, "model_seed": grading.seed, "data_seed": grading.seed + 2,
+def sharded_run(session, submission):
+    spec = {"model": SHARDED_MODEL, "model_seed": session.seed, "data_seed": session.seed + 2,
             "steps": SHARDED_STEPS, "batch": SHARDED_BATCH,
             "scenarios": [{"name": name, **s} for name, s in SHARDED_SCENARIOS.items()]}
-    return distributed_call(grading, submission, "sharded", spec, f"sharded optimizer, {WORLD_SIZE} gloo ranks")
+    return distributed_call(session, submission, "sharded", spec, f"sharded optimizer, {WORLD_SIZE} gloo ranks")
 
 
-def flavours_defined(grading, submission):
-    defined = grading.functions[submission.name]
+def flavours_defined(session, submission):
+    defined = session.functions[submission.name]
     return [f for f in FLAVOURS if DDP_FLAVOURS[f][0] in defined]
 
 
-def gate_flavour(c, grading, submission, flavour, model=None):
+def gate_flavour(c, session, submission, flavour, model=None):
     """Skip flavours the submission does not define; if it defines none, the 2026 flavour stands in
     and fails as not attempted (so every submission is graded out of the same points)."""
-    defined = flavours_defined(grading, submission)
+    defined = flavours_defined(session, submission)
     if flavour in defined:
-        grading.fail_if_stub(c, submission, DDP_FLAVOURS[flavour][0])
+        session.fail_if_stub(c, submission, DDP_FLAVOURS[flavour][0])
         return
     if defined or flavour != "ddp" or model not in (None, DDP_MODELS[0]):
         c.skip(f"{DDP_FLAVOURS[flavour][0]} is not defined in the adapters")
@@ -146,13 +146,13 @@ def ddp_labels(flavour):
 
 @pytest.mark.parametrize("flavour,model_name", [(f, m) for f in FLAVOURS for m in DDP_MODELS],
                          ids=[f"{f}-{m}" for f in FLAVOURS for m in DDP_MODELS])
-def test_ddp_equivalence(grading, submission, check, flavour, model_name):
+def test_ddp_equivalence(session, submission, check, flavour, model_name):
     """Every rank ends where single-process training on the full batch ends."""
     c = check("ddp", "equivalence", f"{flavour}-{model_name}")
-    gate_flavour(c, grading, submission, flavour, model_name)
-    reply, tensors = ddp_run(grading, submission, flavour)
+    gate_flavour(c, session, submission, flavour, model_name)
+    reply, tensors = ddp_run(session, submission, flavour)
     ranks = settle_scenario(c, reply, model_name, ddp_labels(flavour))
-    expected = train_single(model_name, grading.seed, grading.seed + 1)
+    expected = train_single(model_name, session.seed, session.seed + 1)
     finals = [pick(tensors, model_name, r, "final") for r in range(len(ranks))]
     if missing := [n for n in expected if n not in finals[0]]:
         c.fail(f"the wrapper does not expose the model's parameters {names(missing)} through named_parameters().")
@@ -161,18 +161,18 @@ def test_ddp_equivalence(grading, submission, check, flavour, model_name):
         c.ok(f"all {len(ranks)} ranks match single-process training on the full batch after {DDP_STEPS} "
              f"steps (max difference {diff:.1e})")
         return
-    sentence = explain_ddp(grading, flavour, model_name, ranks, tensors)
+    sentence = explain_ddp(session, flavour, model_name, ranks, tensors)
     diffs = "; ".join(f"rank {r}: max difference {d:.2g} in {n}" for r, (d, n) in
                       enumerate(max_diff(final, expected) for final in finals))
     c.fail(sentence, f"final parameters against single-process training: {diffs}")
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_ddp_broadcast(grading, submission, check, flavour):
+def test_ddp_broadcast(session, submission, check, flavour):
     """Right after wrapping, every rank holds rank 0's initial parameters, frozen ones included."""
     c = check("ddp", "broadcast", flavour)
-    gate_flavour(c, grading, submission, flavour)
-    reply, tensors = ddp_run(grading, submission, flavour)
+    gate_flavour(c, session, submission, flavour)
+    reply, tensors = ddp_run(session, submission, flavour)
     c.settle_reply(reply)
     checked, unchecked = [], []
     for model_name in DDP_MODELS:
@@ -181,9 +181,9 @@ def test_ddp_broadcast(grading, submission, check, flavour):
             unchecked.append(model_name)  # failed before wrapping returned, or did not run
             continue
         checked.append(model_name)
-        want = {n: p.detach() for n, p in build_model(model_name, grading.seed).named_parameters()}
+        want = {n: p.detach() for n, p in build_model(model_name, session.seed).named_parameters()}
         for r in range(len(ranks)):
-            own_params = dict(build_model(model_name, grading.seed + r).named_parameters())
+            own_params = dict(build_model(model_name, session.seed + r).named_parameters())
             got = pick(tensors, model_name, r, "initial")
             bad = [n for n in want if not close(got[n], want[n])]
             if not bad:
@@ -211,12 +211,12 @@ def test_ddp_broadcast(grading, submission, check, flavour):
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_ddp_buffers(grading, submission, check, flavour):
+def test_ddp_buffers(session, submission, check, flavour):
     """Beyond the handout (advice): buffers that differ across ranks at construction hold rank 0's
     values after wrapping (or, as torch's DDP does it, from the first forward on)."""
     c = check("ddp", "buffers", flavour)
-    gate_flavour(c, grading, submission, flavour)
-    reply, tensors = ddp_run(grading, submission, flavour)
+    gate_flavour(c, session, submission, flavour)
+    reply, tensors = ddp_run(session, submission, flavour)
     c.settle_reply(reply)
     ranks = reply.result["scenarios"].get(BUFFERED_MODEL)
     if unread := next((f"rank {r}: {s['buffers_unread']}" for r, s in enumerate(ranks or [])
@@ -226,21 +226,21 @@ def test_ddp_buffers(grading, submission, check, flavour):
         settle_scenario(c, reply, BUFFERED_MODEL, ddp_labels(flavour))  # failed before wrapping returned
         c.fail(f"the {BUFFERED_MODEL} model's buffers could not be read after wrapping.", outcome=outcomes.ERROR)
     sentence, note, evidence = judge_buffers(
-        dict(build_model(BUFFERED_MODEL, grading.seed).named_buffers()),
+        dict(build_model(BUFFERED_MODEL, session.seed).named_buffers()),
         [pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))],
         [pick(tensors, BUFFERED_MODEL, r, "buffers1") for r in range(len(ranks))],
-        [dict(build_model(BUFFERED_MODEL, grading.seed + r).named_buffers()) for r in range(len(ranks))])
+        [dict(build_model(BUFFERED_MODEL, session.seed + r).named_buffers()) for r in range(len(ranks))])
     if sentence:
         c.fail(sentence, evidence)
     c.ok(f"{note} ({BUFFERED_MODEL} model)")
 
 
 @pytest.mark.parametrize("flavour", FLAVOURS)
-def test_ddp_overlap(grading, submission, check, flavour):
+def test_ddp_overlap(session, submission, check, flavour):
     """At least one gradient reduction is issued while loss.backward() is still running."""
     c = check("ddp", "overlap", flavour)
-    gate_flavour(c, grading, submission, flavour)
-    reply, _ = ddp_run(grading, submission, flavour)
+    gate_flavour(c, session, submission, flavour)
+    reply, _ = ddp_run(session, submission, flavour)
     ranks = settle_scenario(c, reply, DDP_MODELS[0], ddp_labels(flavour))
     after = DDP_FLAVOURS[flavour][1]
     counts = []
@@ -274,20 +274,20 @@ def reducing_calls(log: list) -> list:
     return steps
 
 
-def test_ddp_bucketing(grading, submission, check):
+def test_ddp_bucketing(session, submission, check):
     """The bucketed flavour reduces several parameters' gradients per collective where the bucket
     size allows it (the 2025 handout, ddp_overlap_bucketed: buckets of at most bucket_size_mb,
     'to reduce the total number of communication calls')."""
     c = check("ddp", "bucketing", "bucketed")
-    gate_flavour(c, grading, submission, "bucketed")
-    reply, _ = ddp_run(grading, submission, "bucketed")
+    gate_flavour(c, session, submission, "bucketed")
+    reply, _ = ddp_run(session, submission, "bucketed")
     model_name = DDP_MODELS[0]
     ranks = settle_scenario(c, reply, model_name, ddp_labels("bucketed"))
     calls = [reducing_calls(s["log"]) for s in ranks]
     if silent := [r for r, steps in enumerate(calls) if not any(steps)]:
         c.fail(f"rank {silent[0]} issued no all-reduce (or other reducing collective) through torch.distributed "
                f"during training: gradients are not synchronized, or not in a way this check can see.")
-    sizes = [p.numel() * p.element_size() for p in build_model(model_name, grading.seed).parameters()
+    sizes = [p.numel() * p.element_size() for p in build_model(model_name, session.seed).parameters()
              if p.requires_grad]
     sentence, evidence = judge_bucketing(sizes, BUCKET_SIZE_MB * 1024 ** 2, calls)
     if sentence:
@@ -297,12 +297,12 @@ def test_ddp_bucketing(grading, submission, check):
 
 # -- sharded optimizer ------------------------------------------------------------------------
 
-def train_unsharded(grading, scenario):
+def train_unsharded(session, scenario):
     """The scenario with the plain torch optimizer: (final parameters, optimizer)."""
     s = SHARDED_SCENARIOS[scenario]
     with one_thread():
-        model = build_model(SHARDED_MODEL, grading.seed)
-        x, y = make_batches(SHARDED_MODEL, grading.seed + 2, SHARDED_STEPS, SHARDED_BATCH)
+        model = build_model(SHARDED_MODEL, session.seed)
+        x, y = make_batches(SHARDED_MODEL, session.seed + 2, SHARDED_STEPS, SHARDED_BATCH)
         held = s.get("held_out", [])
         cls = getattr(torch.optim, s["optimizer"])
         optimizer = cls([p for n, p in model.named_parameters() if n not in held], **s["kwargs"])
@@ -323,17 +323,17 @@ SHARDED_LABELS = {"construct": "get_sharded_optimizer", "add_param_group": "add_
                   "backward": "loss.backward()", "setup": "setup"}
 
 
-def judge_sharded(c, grading, submission, scenario):
-    gate_sharded(c, grading, submission)
-    reply, tensors = sharded_run(grading, submission)
+def judge_sharded(c, session, submission, scenario):
+    gate_sharded(c, session, submission)
+    reply, tensors = sharded_run(session, submission)
     ranks = settle_scenario(c, reply, scenario, SHARDED_LABELS)
-    expected, _ = train_unsharded(grading, scenario)
+    expected, _ = train_unsharded(session, scenario)
     finals = [pick(tensors, scenario, r, "final") for r in range(len(ranks))]
     if all(close(final[n], expected[n]) for final in finals for n in expected):
         diff = max(max_diff(final, expected)[0] for final in finals)
         return f"all {len(ranks)} ranks match the unsharded torch.optim.{SHARDED_SCENARIOS[scenario]['optimizer']} " \
                f"after {SHARDED_STEPS} steps (max difference {diff:.1e})"
-    start = {n: p.detach() for n, p in build_model(SHARDED_MODEL, grading.seed).named_parameters()}
+    start = {n: p.detach() for n, p in build_model(SHARDED_MODEL, session.seed).named_parameters()}
     diffs = "; ".join(f"rank {r}: max difference {d:.2g} in {n}" for r, (d, n) in
                       enumerate(max_diff(final, expected) for final in finals))
     for r in range(1, len(ranks)):
@@ -354,50 +354,50 @@ def judge_sharded(c, grading, submission, scenario):
            f"unsharded optimizer gives it.", diffs)
 
 
-def gate_sharded(c, grading, submission):
-    if "get_sharded_optimizer" not in grading.functions[submission.name]:
+def gate_sharded(c, session, submission):
+    if "get_sharded_optimizer" not in session.functions[submission.name]:
         c.fail(f"not attempted: get_sharded_optimizer is missing from {submission.adapters_file}.",
                outcome=outcomes.NOT_ATTEMPTED)
-    grading.fail_if_stub(c, submission, "get_sharded_optimizer")
+    session.fail_if_stub(c, submission, "get_sharded_optimizer")
 
 
 @pytest.mark.parametrize("scenario", ["adamw", "sgd-momentum"])
-def test_sharded_equivalence(grading, submission, check, scenario):
+def test_sharded_equivalence(session, submission, check, scenario):
     """Every rank ends where the unsharded optimizer ends."""
     c = check("sharded_optimizer", "equivalence", scenario)
-    c.ok(judge_sharded(c, grading, submission, scenario))
+    c.ok(judge_sharded(c, session, submission, scenario))
 
 
-def test_sharded_add_param_group(grading, submission, check):
+def test_sharded_add_param_group(session, submission, check):
     """A group added after 3 steps is trained like the unsharded optimizer trains it."""
     c = check("sharded_optimizer", "add_param_group", "adamw")
-    c.ok(judge_sharded(c, grading, submission, "adamw-add-group"))
+    c.ok(judge_sharded(c, session, submission, "adamw-add-group"))
 
 
-def state_split(grading, ranks):
+def state_split(session, ranks):
     """What the unsharded AdamW holds and what each rank holds: (parameters with state, their
     state elements, the largest parameter's elements, per rank: parameters, per rank: elements)."""
-    _, full = train_unsharded(grading, "adamw")
+    _, full = train_unsharded(session, "adamw")
     per_param = [sum(v.numel() for v in s.values() if torch.is_tensor(v)) for s in full.state.values()]
     return (len(per_param), sum(per_param), max(per_param),
             [s.get("state_params", 0) for s in ranks], [s.get("state_numel", 0) for s in ranks])
 
 
 @pytest.mark.parametrize("name", ["state_sharded", "state_balanced"])
-def test_sharded_state(grading, submission, check, name):
+def test_sharded_state(session, submission, check, name):
     """state_sharded (the handout: 'a subset of the parameters (approximately 1 / world_size)'):
     each rank's optimizer handles a non-empty part of the parameters, about 1/world_size of them
     by count or by size, so round-robin by count passes. state_balanced (advice, beyond the
     handout): each rank holds at most 1/world_size of the AdamW state plus the largest
     parameter's, i.e. shards balanced by size (numel), not by count."""
     c = check("sharded_optimizer", name, "adamw")
-    gate_sharded(c, grading, submission)
-    reply, _ = sharded_run(grading, submission)
+    gate_sharded(c, session, submission)
+    reply, _ = sharded_run(session, submission)
     ranks = settle_scenario(c, reply, "adamw", SHARDED_LABELS)
     if unmeasured := state_unmeasured(ranks):
         c.not_measured(f"{unmeasured}. Equivalence is judged on the parameters alone.")
     judge = judge_state_sharded if name == "state_sharded" else judge_state_balanced
-    sentence, evidence = judge(*state_split(grading, ranks))
+    sentence, evidence = judge(*state_split(session, ranks))
     if sentence:
         c.fail(sentence, evidence)
     c.ok(evidence)

@@ -79,15 +79,15 @@ def check_of(test: str, params: dict) -> tuple:
             "test_replay": (part, "replay", "replay")}[test]
 
 
-def judge(check, grading, slot, tier, case, tensors, names):
+def judge(check, session, slot, tier, case, tensors, names):
     """Pass or fail `names` of `tensors` against the float64 oracle, by the rule of the tier."""
-    device = slot_device(slot, grading.on_gpu)
-    with grading.gpu_work(oracle_bytes(case), f"the oracle of {case.id}") if device == "cuda" else nullcontext():
-        judge_on(check, grading, slot, tier, case, tensors, names, device)
+    device = slot_device(slot, session.on_gpu)
+    with session.gpu_work(oracle_bytes(case), f"the oracle of {case.id}") if device == "cuda" else nullcontext():
+        judge_on(check, session, slot, tier, case, tensors, names, device)
 
 
-def judge_on(check, grading, slot, tier, case, tensors, names, device):
-    (q, k, v, do), (oracle, baseline) = expected(case, grading.seed, device)
+def judge_on(check, session, slot, tier, case, tensors, names, device):
+    (q, k, v, do), (oracle, baseline) = expected(case, session.seed, device)
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")
     # The dtypes: the official tests' assert_close checks them (course tier), and so do the checks
@@ -105,12 +105,12 @@ def judge_on(check, grading, slot, tier, case, tensors, names, device):
         off_dtype.append(found)
     got = {n: tensors[n] for n in names}
     verdicts = judge_attention(got, q, k, v, do, case.is_causal, (oracle, stored_as(baseline, got)),
-                               **grading.rubric.tolerances)
+                               **session.rubric.tolerances)
     tf32 = False
     if slot == "triton" and case.dtype == "float32" and tier != "course":  # the fp32 policy: tolerance.py
         relaxed = judge_attention(got, q, k, v, do, case.is_causal,
-                                  (oracle, stored_as(expected_tf32(case, grading.seed, device), got)),
-                                  **grading.rubric.tolerances)
+                                  (oracle, stored_as(expected_tf32(case, session.seed, device), got)),
+                                  **session.rubric.tolerances)
         tf32 = all(v.ok for v in relaxed.values()) and not all(v.ok for v in verdicts.values())
         verdicts = relaxed
     check.update(verdicts={n: v.as_dict() for n, v in verdicts.items()}, precision="tf32" if tf32 else None)
@@ -118,7 +118,7 @@ def judge_on(check, grading, slot, tier, case, tensors, names, device):
     if tier == "course":  # the official tests' rule alone; the relative rule only explains a failure
         if problems := [p for n in names if (p := course_close(n, tensors[n], oracle[n]))]:
             sentence, heatmap = (problems[0], None) if all(v.ok for v in verdicts.values()) else \
-                diagnose.explain(verdicts, tensors, oracle, case, partial(mistaken, case, grading.seed, device))
+                diagnose.explain(verdicts, tensors, oracle, case, partial(mistaken, case, session.seed, device))
             check.fail(f"{sentence} (the official tests' tolerance is atol=rtol=1e-2)", "\n".join(problems),
                        heatmap=heatmap)
         check.ok(f"within the official tests' tolerance (atol=rtol=1e-2): {errors}")
@@ -126,7 +126,7 @@ def judge_on(check, grading, slot, tier, case, tensors, names, device):
     bad = [v for v in verdicts.values() if not v.ok]
     if bad:
         sentence, heatmap = diagnose.explain(verdicts, tensors, oracle, case,
-                                             partial(mistaken, case, grading.seed, device))
+                                             partial(mistaken, case, session.seed, device))
         check.fail(sentence, "\n".join(v.reason for v in bad), heatmap=heatmap)
     note = ("; ".join(f"{n}: max error {v.max_err:.2e} (bound {v.max_bound:.2e})" for n, v in verdicts.items()))
     if off_dtype:
@@ -138,37 +138,37 @@ def judge_on(check, grading, slot, tier, case, tensors, names, device):
 
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
-def test_forward(grading, submission, check, slot, tier, case):
+def test_forward(session, submission, check, slot, tier, case):
     c = check(f"flash_{slot}", "forward", case, tier)
-    reply, tensors = settle(c, grading, submission, slot, tier, case)
+    reply, tensors = settle(c, session, submission, slot, tier, case)
     if reply is None:
         return
     name_changed_inputs(c, reply, ("forward",))  # the backward's changes come after o and L were taken
     if reply.result["n_lse"] != 1:
         c.fail(f"expected exactly one saved tensor of shape {list(case.batch) + [case.n_queries]} (the "
                f"logsumexp L), found {reply.result['n_lse']}: save L with ctx.save_for_backward.")
-    judge(c, grading, slot, tier, case, tensors, ["o", "L"])
+    judge(c, session, slot, tier, case, tensors, ["o", "L"])
 
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
-def test_backward(grading, submission, check, slot, tier, case):
+def test_backward(session, submission, check, slot, tier, case):
     c = check(f"flash_{slot}", "backward", case, tier)
-    reply, tensors = settle(c, grading, submission, slot, tier, case, phase="backward")
+    reply, tensors = settle(c, session, submission, slot, tier, case, phase="backward")
     if reply is None:
         return
     name_changed_inputs(c, reply)
-    judge(c, grading, slot, tier, case, tensors, ["dq", "dk", "dv"])
+    judge(c, session, slot, tier, case, tensors, ["dq", "dk", "dv"])
 
 
 @pytest.mark.parametrize("device", ["cuda"])  # its shard (`shard`) reads it
-def test_runs_on_cuda(grading, submission, check, device):
+def test_runs_on_cuda(session, submission, check, device):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
     c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")
-    if not grading.on_gpu:
+    if not session.on_gpu:
         c.not_here("it needs a GPU: this runs the course case on CUDA tensors (the official tests run the PyTorch "
                    "class on the CPU, as this grader does elsewhere)")
-    grading.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
-    reply, tensors = run_case(grading, submission, "pytorch", COURSE_CASE, device=device)
+    session.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
+    reply, tensors = run_case(session, submission, "pytorch", COURSE_CASE, device=device)
     backward_error = reply.result.get("backward_error") or {}
     if reply.status == "error" or backward_error.get("status") == "error":  # a missing backward fails elsewhere
         message = reply.message if reply.status == "error" else backward_error["message"]
@@ -180,7 +180,7 @@ def test_runs_on_cuda(grading, submission, check, device):
     if off := sorted(n for n, where in reply.result.get("devices", {}).items() if not where.startswith("cuda")):
         c.fail(f"on CUDA inputs the PyTorch class returned {', '.join(off)} on the CPU: create its tensors with "
                f"device=q.device.")
-    oracle = expected(COURSE_CASE, grading.seed, "cuda")[1][0]
+    oracle = expected(COURSE_CASE, session.seed, "cuda")[1][0]
     problems = [p for n in ("o", "dq", "dk", "dv") if n in tensors and (p := course_close(n, tensors[n], oracle[n]))]
     if problems:
         c.fail(f"on CUDA inputs the results differ from the oracle beyond the official tolerance: {problems[0]}",
@@ -189,20 +189,20 @@ def test_runs_on_cuda(grading, submission, check, device):
 
 
 @pytest.mark.parametrize("slot,tier,case", HYGIENE, ids=SLOTS)
-def test_hygiene(grading, submission, check, slot, tier, case):
+def test_hygiene(session, submission, check, slot, tier, case):
     """Inputs untouched, output dtype equal to the input dtype, L in float32, same answer twice.
 
     The inputs are looked at in float32 too, on the case's float32 twin (a handout case of the slot,
     whose reply the PyTorch slot's runner shares): a change smaller than bf16's rounding step, such
     as scaling a row of q by 1 + 1e-4, leaves bf16 inputs bit for bit as they were."""
     c = check(f"flash_{slot}", "hygiene", case, "hygiene")
-    reply, tensors = settle(c, grading, submission, slot, tier, case)
+    reply, tensors = settle(c, session, submission, slot, tier, case)
     if reply is None:
         return
     changed, dtype = changed_inputs(reply), case.dtype
     if not changed:
         twin = dataclasses.replace(case, dtype="float32")
-        changed, dtype = changed_inputs(run_case(grading, submission, slot, twin)[0]), twin.dtype
+        changed, dtype = changed_inputs(run_case(session, submission, slot, twin)[0]), twin.dtype
     if changed:
         c.fail(f"{changed}, in {dtype}: the caller's q, k, v and dO must come back as they were given; compute into "
                f"new tensors, never into the inputs.")
@@ -211,11 +211,11 @@ def test_hygiene(grading, submission, check, slot, tier, case):
     if "L" in tensors and tensors["L"].dtype != torch.float32:
         c.fail(f"L is stored in {str(tensors['L'].dtype).replace('torch.', '')} for {case.dtype} inputs: keep the "
                f"logsumexp in float32, as the handout keeps l and m, since the backward's exp(S - L) needs its digits.")
-    device = slot_device(slot, grading.on_gpu)
-    again = grading.runner(submission).call(
-        {"op": "flash", "slot": slot, "case": case.to_json(), "seed": grading.seed, "device": device,
+    device = slot_device(slot, session.on_gpu)
+    again = session.runner(submission).call(
+        {"op": "flash", "slot": slot, "case": case.to_json(), "seed": session.seed, "device": device,
          "backward": False},
-        flash_timeout(grading, slot, device))  # not run_case: its replies are cached, and this is a second call
+        flash_timeout(session, slot, device))  # not run_case: its replies are cached, and this is a second call
     c.settle_reply(again)
     if not torch.equal(again.tensors["o"], tensors["o"]):
         diff = (again.tensors["o"].double() - tensors["o"].double()).abs().max().item()
@@ -224,10 +224,10 @@ def test_hygiene(grading, submission, check, slot, tier, case):
 
 
 @pytest.mark.parametrize("slot,tier,case", IMPLEMENTATION, ids=SLOTS)
-def test_no_library_attention(grading, submission, check, slot, tier, case):
+def test_no_library_attention(session, submission, check, slot, tier, case):
     """The Triton slot launches Triton kernels; neither slot calls SDPA, flash_attn or cuDNN."""
     c = check(f"flash_{slot}", "uses_triton" if slot == "triton" else "no_sdpa", case, "implementation")
-    reply, _ = settle(c, grading, submission, slot, tier, case)
+    reply, _ = settle(c, session, submission, slot, tier, case)
     forbidden = {**reply.result["forward"]["forbidden_ops"],
                  **reply.result.get("backward", {}).get("forbidden_ops", {})}
     if forbidden:
@@ -257,7 +257,7 @@ def same_answers(first: dict, second: dict) -> tuple[list, list]:
 
 
 @pytest.mark.parametrize("slot,tier,case", REPLAY, ids=[f"{slot}-{case.id}" for slot, _, case in REPLAY])
-def test_replay(grading, submission, check, slot, tier, case):
+def test_replay(session, submission, check, slot, tier, case):
     """A second, unseen input of a case, asked right after the case in the same runner, gets an
     answer of its own, not the first input's again (answers cached by shape, dtype or case).
 
@@ -271,15 +271,15 @@ def test_replay(grading, submission, check, slot, tier, case):
     there (flash_checks.needs_gpu) is not graded here, like the slot's other checks."""
     c = check(f"flash_{slot}", "replay", case, "replay")
     first = f"flash_{slot}::forward[{case.id}]"
-    if FLASH_SLOTS[slot] in grading.stubs[submission.name]:
+    if FLASH_SLOTS[slot] in session.stubs[submission.name]:
         c.not_measured(f"{FLASH_SLOTS[slot]} raises NotImplementedError (not attempted), so there is no answer to "
                        f"replay; {first} and the slot's other checks charge it.")
-    not_here_if_needs_gpu(c, grading, submission, slot)
-    reply, tensors = run_case(grading, submission, slot, case)
+    not_here_if_needs_gpu(c, session, submission, slot)
+    reply, tensors = run_case(session, submission, slot, case)
     if got_no_answer(reply):
         fail_unanswered(c, reply, first, "compare")
     c.settle_reply(reply)  # the adapters did not import: every check's own finding
-    again, again_tensors = run_case(grading, submission, slot, case, second=True)
+    again, again_tensors = run_case(session, submission, slot, case, second=True)
     if not again.ok:
         c.update(seconds=again.seconds)
         c.fail(f"a second, unseen input of this case, asked right after the first, got no answer "

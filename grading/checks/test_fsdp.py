@@ -80,17 +80,17 @@ def check_of(test: str, params: dict) -> tuple:
     return "fsdp", test.removeprefix("test_fsdp_"), "default"
 
 
-def fsdp_run(grading, submission):
-    spec = {"model": FSDP_MODEL, "model_seed": grading.seed, "data_seed": grading.seed + 3,
+def fsdp_run(session, submission):
+    spec = {"model": FSDP_MODEL, "model_seed": session.seed, "data_seed": session.seed + 3,
             "steps": FSDP_STEPS, "batch": FSDP_BATCH, "lr": FSDP_LR,
             "scenarios": [{"name": name, "compute_dtype": dtype} for name, dtype in PRECISIONS.items()]}
-    return distributed_call(grading, submission, "fsdp", spec, f"FSDP, {WORLD_SIZE} gloo ranks")
+    return distributed_call(session, submission, "fsdp", spec, f"FSDP, {WORLD_SIZE} gloo ranks")
 
 
-def gate_fsdp(c, grading, submission):
-    if "get_fsdp" not in grading.functions[submission.name]:
+def gate_fsdp(c, session, submission):
+    if "get_fsdp" not in session.functions[submission.name]:
         c.skip(TEMPLATE_2025)
-    grading.fail_if_stub(c, submission, "get_fsdp")
+    session.fail_if_stub(c, submission, "get_fsdp")
 
 
 # -- baselines --------------------------------------------------------------------------------
@@ -145,14 +145,14 @@ def diffs_text(finals, want) -> str:
 # -- checks -----------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("precision", list(PRECISIONS))
-def test_fsdp_equivalence(grading, submission, check, precision):
+def test_fsdp_equivalence(session, submission, check, precision):
     """The gathered parameters after training match single-process training on the full batch."""
     c = check("fsdp", "equivalence", precision)
-    gate_fsdp(c, grading, submission)
-    reply, tensors = fsdp_run(grading, submission)
+    gate_fsdp(c, session, submission)
+    reply, tensors = fsdp_run(session, submission)
     ranks = settle_scenario(c, reply, precision, LABELS)
     dtype = PRECISIONS[precision]
-    expected = train_baseline(grading, dtype)
+    expected = train_baseline(session, dtype)
     finals = gathered(c, ranks, tensors, precision, "final", expected)
     diffs = diffs_text(finals, expected) + layers_text(ranks)
     worst = max(max_diff(final, expected)[0] for final in finals)
@@ -161,10 +161,10 @@ def test_fsdp_equivalence(grading, submission, check, precision):
             c.ok(f"all {len(ranks)} ranks gather the parameters of single-process training on the full batch "
                  f"after {FSDP_STEPS} steps (max difference {worst:.1e}){layers_text(ranks)}")
             return
-        c.fail(explain(grading, precision, ranks, tensors) or
+        c.fail(explain(session, precision, ranks, tensors) or
                f"the gathered parameters differ from single-process training (max difference {worst:.2g}).", diffs)
 
-    fp32 = train_baseline(grading)
+    fp32 = train_baseline(session)
     gap = max_diff(fp32, expected)[0]
     bound = FP16_FACTOR * gap + FP16_ATOL
     rule = (f"max difference from fp16-compute training {worst:.2g}, allowed {FP16_FACTOR:g} x {gap:.2g} "
@@ -193,21 +193,21 @@ def test_fsdp_equivalence(grading, submission, check, precision):
                      "for compute'.", rule + seen)
         c.ok(f"all {len(ranks)} ranks within the fp16 rule after {FSDP_STEPS} steps: {rule}{seen}")
         return
-    c.fail(explain(grading, precision, ranks, tensors) or
+    c.fail(explain(session, precision, ranks, tensors) or
            f"the gathered parameters differ from fp16-compute training by more than float16 rounding explains "
            f"({worst:.2g}, allowed {bound:.2g}).", rule + seen + "\n" + diffs)
 
 
-def test_fsdp_sharded(grading, submission, check):
+def test_fsdp_sharded(session, submission, check):
     """Each rank's parameters() hold about 1/world_size of the Linear layers' elements."""
     c = check("fsdp", "sharded", "fp32")
-    gate_fsdp(c, grading, submission)
-    reply, _ = fsdp_run(grading, submission)
+    gate_fsdp(c, session, submission)
+    reply, _ = fsdp_run(session, submission)
     c.settle_reply(reply)
     ranks = reply.result["scenarios"].get("fp32")
     if not ranks or any("numel" not in s for s in ranks):  # failed before get_fsdp returned
         settle_scenario(c, reply, "fp32", LABELS)
-    model = build_model(FSDP_MODEL, grading.seed)
+    model = build_model(FSDP_MODEL, session.seed)
     weights = [layer.weight for layer in model.modules() if isinstance(layer, SHARDED_LAYERS)]
     total = sum(p.numel() for p in model.parameters())
     sharded = sum(p.numel() for p in weights)

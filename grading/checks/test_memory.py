@@ -48,18 +48,18 @@ def _limit_bytes(case) -> int:
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])
 @pytest.mark.parametrize("slot", ["pytorch", "triton"])
-def test_no_score_matrix(grading, submission, check, slot, phase):
-    on_cuda = slot_device(slot, grading.on_gpu) == "cuda"  # the PyTorch class is graded on the CPU
+def test_no_score_matrix(session, submission, check, slot, phase):
+    on_cuda = slot_device(slot, session.on_gpu) == "cuda"  # the PyTorch class is graded on the CPU
     case = GPU_CASES[slot] if on_cuda else MEMORY_CASE
     c = check("memory", phase, (f"{slot}-{case.id}", case), "memory")
-    if slot == "triton" and not grading.on_gpu:
+    if slot == "triton" and not session.on_gpu:
         c.not_here("it needs a GPU: Triton's memory is measured on one; the interpreter's numpy arrays are "
                    "invisible on a CPU")
-    reply, _ = run_case(grading, submission, slot, case, warmup=on_cuda)
+    reply, _ = run_case(session, submission, slot, case, warmup=on_cuda)
     note = ""
     if on_cuda and case.dtype != "float32" and raised(reply, phase):
         twin = dataclasses.replace(case, dtype="float32")
-        fp32_reply, _ = run_case(grading, submission, slot, twin, warmup=True)
+        fp32_reply, _ = run_case(session, submission, slot, twin, warmup=True)
         if not measured(fp32_reply, phase):
             # Quote both: the bf16 error alone hid a float32 failure of its own (issue 34), and
             # either one fixed lets this check measure the class.
@@ -76,7 +76,7 @@ def test_no_score_matrix(grading, submission, check, slot, phase):
         note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the {case.dtype} "
                 f"checks of the slot charge already.")
         case, reply = twin, fp32_reply
-    graded_case = case in [flash_case for _, flash_case in flash_cases(slot, grading.on_gpu)]
+    graded_case = case in [flash_case for _, flash_case in flash_cases(slot, session.on_gpu)]
     if graded_case and got_no_answer(reply):  # the slot's forward check of this case charges it
         fail_unanswered(c, reply, f"flash_{slot}::forward[{case.id}]", "measure")
     c.settle_reply(reply)

@@ -32,7 +32,7 @@ def shard(params: dict, per_kernel: bool) -> str:
     return timing_shard(params["slot"])
 
 
-def reference_runner(grading) -> SubmissionRunner:
+def reference_runner(session) -> SubmissionRunner:
     """The runner of the reference solution, timed next to the student's, with the environment
     the grading plugin gives the student's runner (Grading.worker_env): the same GPU, so the
     ratio compares two kernels on one device, and the same thread budget. One per worker, kept
@@ -41,19 +41,19 @@ def reference_runner(grading) -> SubmissionRunner:
     cost a runner start and its kernels' compiling every time."""
     def start():
         reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
-        return SubmissionRunner(reference, env=grading.worker_env(), import_timeout=grading.rubric.timeout("import"),
-                                kept_kernels=grading.kept_kernels(reference.root, "timing"),
-                                gpu_ledger=grading.gpu_ledger, dense_backward=False)
-    return grading.keep("timing reference", start)
+        return SubmissionRunner(reference, env=session.worker_env(), import_timeout=session.rubric.timeout("import"),
+                                kept_kernels=session.kept_kernels(reference.root, "timing"),
+                                gpu_ledger=session.gpu_ledger, dense_backward=False)
+    return session.keep("timing reference", start)
 
 
-def judge_timed_outputs(c, grading, reply, case):
+def judge_timed_outputs(c, session, reply, case):
     """Fail the check if the last timed pass's outputs are wrong: a cached or replayed answer. L is
     judged with its storage rounding forgiven, as in the flash checks (the handout asks no dtype)."""
     # Judged on the first JUDGED_BATCH batch rows: a cached or wrong answer shows there as well,
     # and the float64 oracle of all 64 would take gigabytes of GPU memory that workers share.
     rows = slice(0, JUDGED_BATCH)
-    with grading.gpu_work(oracle_bytes(replace(case, batch=(JUDGED_BATCH,))), f"the oracle of the timed {case.id}"):
+    with session.gpu_work(oracle_bytes(replace(case, batch=(JUDGED_BATCH,))), f"the oracle of the timed {case.id}"):
         q, k, v, do = (t[rows] for t in make_inputs(case, reply.result["seed"], "cuda"))
         got = {n: t[rows] for n, t in reply.tensors.items()}
         oracle, baseline = expected_attention(q, k, v, do, case.is_causal)
@@ -111,8 +111,8 @@ def sdpa_median_ms(step) -> float:
 
 
 @pytest.mark.parametrize("slot", ["triton", "pytorch"])
-def test_budget(grading, submission, check, slot):
-    budget = grading.rubric.budgets[f"flash_{slot}"]
+def test_budget(session, submission, check, slot):
+    budget = session.rubric.budgets[f"flash_{slot}"]
     case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"], head_dim=budget["d"],
                      dtype=budget["dtype"], is_causal=budget["causal"])
     # The warm-up gets what the runners' start and import left of the limit: in a run of 16
@@ -122,22 +122,22 @@ def test_budget(grading, submission, check, slot):
     # Both runners start in this thread (a runner dies with the thread that started it: launcher.py's
     # PR_SET_PDEATHSIG), and side by side: the reference's is launched before check() starts the
     # student's. One after the other, two starts on a busy CPU took half a minute of the limit.
-    reference = reference_runner(grading) if grading.on_gpu else None
+    reference = reference_runner(session) if session.on_gpu else None
     if reference is not None and reference.process is None:
         reference.launch()
     c = check("timing", f"flash_{slot}", case, "timing")
-    if not grading.on_gpu:
+    if not session.on_gpu:
         c.not_here("it needs a GPU: timing budgets are measured on CUDA")
-    grading.fail_if_stub(c, submission, FLASH_SLOTS[slot])
+    session.fail_if_stub(c, submission, FLASH_SLOTS[slot])
     request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
-    timeout = grading.rubric.timeout("timing")
-    student = grading.runner(submission)
+    timeout = session.rubric.timeout("timing")
+    student = session.runner(submission)
     if (failure := student.import_failure()) is not None:
         c.settle_reply(failure)
     reference.import_failure()
     runners = (student, reference)
     try:
-        timing = measure_budget(c, grading, submission, runners, request, case, budget, timeout, began)
+        timing = measure_budget(c, session, submission, runners, request, case, budget, timeout, began)
     finally:  # the prepared inputs left on the GPU go
         for runner in runners:
             if runner.process is not None:
@@ -145,7 +145,7 @@ def test_budget(grading, submission, check, slot):
     judge_budget(c, budget, case, timing)
 
 
-def measure_budget(c, grading, submission, runners, request, case, budget, timeout, began) -> dict:
+def measure_budget(c, session, submission, runners, request, case, budget, timeout, began) -> dict:
     """Warm up and prepare both sides outside the window, time them in it, and judge the
     student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them).
     The warm-up ends `timeout` seconds after `began`, the check's start."""
@@ -156,7 +156,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     # reference's own warm-up keeps the whole limit (its slowness is the grader's, never the student's).
     until = began + timeout
     warm_s = max(1.0, until - time.monotonic())
-    warm = both(runners, [{**request, "op": "warm_timing", "seed": grading.seed,
+    warm = both(runners, [{**request, "op": "warm_timing", "seed": session.seed,
                            "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout), student_until=until)
     if warm[0].status == "timeout":
         c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
@@ -166,20 +166,20 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     c.settle_reply(warm[0])
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")
-    prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(grading.seed, n)}
+    prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(session.seed, n)}
                               for n in (tw.MAX_PASSES, tw.REFERENCE_INPUTS)], timeout)
     c.settle_reply(prepared[0])
     if not prepared[1].ok:
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",
                outcome="error")
-    sdpa = sdpa_peer(case, grading.seed)
+    sdpa = sdpa_peer(case, session.seed)
     # Raised: both runners, and this worker, whose thread stamps each stretch's end as the runner's
     # message comes (a stamp late by a few ms is a tenth of a stretch of 12 reference passes).
     # Before the window, not in it: finding their threads reads /proc while the others wait.
     timed = [os.getpid()] + [pid for runner in runners if (identity := runner.identity()) is not None
                              for pid in runner_pids(identity)]
     with ahead_of_the_others(timed) as raised, \
-            grading.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
+            session.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
                                       say=student.note) as window:
         started = time.monotonic()
         window["raised_threads"] = raised
@@ -207,7 +207,7 @@ def measure_budget(c, grading, submission, runners, request, case, budget, timeo
     if m.stopped_after_s is None:
         outputs = student.call({**request, "op": "end_timing", "save": True}, timeout)
         c.settle_reply(outputs)
-        judge_timed_outputs(c, grading, outputs, case)
+        judge_timed_outputs(c, session, outputs, case)
     return timing
 
 

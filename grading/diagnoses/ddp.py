@@ -39,9 +39,9 @@ def rows_of(rank):
     return slice(rank * local, (rank + 1) * local)
 
 
-def explain_ddp(grading, flavour, model_name, ranks, tensors):
+def explain_ddp(session, flavour, model_name, ranks, tensors):
     """A sentence for why the ranks did not end where single-process training ends."""
-    seed, data_seed = grading.seed, grading.seed + 1
+    seed, data_seed = session.seed, session.seed + 1
     after = DDP_FLAVOURS[flavour][1]
     start = {n: p.detach() for n, p in build_model(model_name, seed).named_parameters()}
     start_buffers = dict(build_model(model_name, seed).named_buffers())

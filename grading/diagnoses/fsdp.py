@@ -20,10 +20,10 @@ from grading.checks.distributed_checks import (
 )
 
 
-def explain(grading, precision, ranks, tensors):
+def explain(session, precision, ranks, tensors):
     """A sentence for why the gathered parameters differ from the baseline, or None."""
     dtype = PRECISIONS[precision]
-    init = initial_params(grading)
+    init = initial_params(session)
     afters = [by_original_name(pick(tensors, precision, r, "after1"), init) for r in range(len(ranks))]
     finals = [by_original_name(pick(tensors, precision, r, "final"), init) for r in range(len(ranks))]
     if dtype and any(set(s.get("param_dtypes", ())) & {"float16", "bfloat16"} for s in ranks):
@@ -46,9 +46,9 @@ def explain(grading, precision, ranks, tensors):
     # The first step: SGD without momentum, so (p0 - p1) / lr is the gradient that was applied.
     if any(len(after) < len(init) for after in afters):
         return None
-    full = fsdp_first_step_grads(grading, dtype)
+    full = fsdp_first_step_grads(session, dtype)
     per_rank = FSDP_BATCH // WORLD_SIZE
-    local = [fsdp_first_step_grads(grading, dtype, slice(r * per_rank, (r + 1) * per_rank)) for r in range(WORLD_SIZE)]
+    local = [fsdp_first_step_grads(session, dtype, slice(r * per_rank, (r + 1) * per_rank)) for r in range(WORLD_SIZE)]
     # (p0 - p1) / lr carries float32's rounding of the parameters, over lr (2e-4 at lr 0.01 here)
     rounding = 4 * torch.finfo(torch.float32).eps * max(p.abs().max().item() for p in init.values()) / FSDP_LR
     atol, rtol = (1e-4 + rounding, 2e-2) if dtype else (ATOL + rounding, RTOL)  # fp16: only multiples and swaps
