@@ -33,7 +33,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from grading.check import Check  # noqa: E402
 from grading.checks import test_distributed, test_fsdp  # noqa: E402
-from grading.session import Grading  # noqa: E402
+from grading.session import Grading, ShardSession  # noqa: E402
 from grading.shards import DISTRIBUTED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -80,7 +80,7 @@ def run_check(state, submission, fn, params):
         return made[-1]
 
     try:
-        fn(grading=state, submission=submission, check=check, **params)
+        fn(session=ShardSession(state, DISTRIBUTED), submission=submission, check=check, **params)
     except pytest.fail.Exception:
         pass
     except pytest.skip.Exception:
@@ -141,7 +141,6 @@ def main() -> int:
     config = SimpleNamespace(getoption={"--rubric": None, "--reports": tempfile.mkdtemp(prefix="sweep-"),
                                         "--seed": args.start, "--impl": impl}.get)
     state = Grading(config)
-    state.shard = DISTRIBUTED
     seeds = range(args.start, args.start + args.seeds)
     print(f"seeds {args.start}..{args.start + args.seeds - 1}", flush=True)
     wrong = 0

@@ -3,11 +3,25 @@
 Tests make one through the `check` fixture (grading/fixtures.py) and settle it with ok, fail, skip,
 not_measured, not_here or settle_reply; a call that went wrong ends it by the outcome words of
 fa2_sandbox/wire/outcomes.py.
+
+What the grader keeps on a grading test besides (its shard, its record's id, its group, the Check
+it made, the grader's errors of a test run again) is one TestState under the item's stash, set
+at collection by the worker's plugin (grading/worker.py).
 """
+from dataclasses import dataclass
+
 import pytest
 
 from fa2_sandbox.wire import outcomes
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
+
+
+def submission_of(item):
+    """The name of the submission a grading test grades, or None for any other test."""
+    callspec = getattr(item, "callspec", None)
+    if callspec is None or "submission" not in callspec.params:
+        return None
+    return callspec.params["submission"].name
 
 
 def check_id(item) -> str:
@@ -106,3 +120,19 @@ class Check:
         if outcome == outcomes.ERROR:
             self.fail(f"raised {reply.message}", reply.traceback, outcome=outcome)
         self.fail(reply.message, outcome=outcome)
+
+
+@dataclass
+class TestState:
+    """What the grader keeps on one grading test, in `item.stash[TEST_STATE]`."""
+    __test__ = False  # not a test class, whatever its name
+
+    nodeid: str  # the records' id (check_id): the node id would end in xdist's "@group"
+    shard: str  # the runner of its submission that its calls go to (grading/shards.py)
+    group: str  # its rubric group, as its module declares it (declared_group)
+    check: Check | None = None  # what it found, once the `check` fixture made it
+    first_error: str | None = None  # the grader's error that made the test run a second time
+    errors: list | None = None  # both attempts' grader errors, when the second failed too
+
+
+TEST_STATE = pytest.StashKey[TestState]()

@@ -1,19 +1,19 @@
-"""The grading tests' fixtures: `session` (the grading session's state) and `check` (a check's record).
+"""The grading tests' fixtures: `session` (the grading session, as one test sees it) and `check`
+(a check's record).
 
-Registered as a plugin with the grading plugin (grading/pytest_plugin.py), not a conftest.py:
+Registered as a plugin with the grading plugins (grading/pytest_plugin.py), not a conftest.py:
 the checks are collected from wherever the package is installed. `submission` is parametrized by
-the grading plugin (plugin.py pytest_generate_tests)."""
+the worker's plugin (grading/worker.py pytest_generate_tests)."""
 import pytest
 
-from grading.check import Check
-from grading.session import GRADING
+from grading.check import TEST_STATE, Check
+from grading.session import GRADING, ShardSession
 
 
-@pytest.fixture(scope="session")
-def session(pytestconfig):
-    state = pytestconfig.stash[GRADING]
-    yield state
-    state.close()
+@pytest.fixture
+def session(request):
+    """The process's grading session, its runner calls going to this test's shard."""
+    return ShardSession(request.config.stash[GRADING], request.node.stash[TEST_STATE].shard)
 
 
 @pytest.fixture
@@ -24,10 +24,11 @@ def check(request, session, submission):
     `.to_json()`), whose fields the record then carries as data, or (id, case) for both.
     A submission whose adapters do not import fails the check here, with the import error; an
     advice check whose turn comes after --time-limit is cut here."""
+    state = request.node.stash[TEST_STATE]
+
     def make(part, name, case="", tier="default"):
-        request.node.grading_check = Check(submission, part, name, case, tier, session.rubric,
-                                           getattr(request.node, "grading_group", None))
-        session.fail_if_unimportable(request.node.grading_check, submission)
-        session.cut_if_out_of_time(request.node.grading_check)
-        return request.node.grading_check
+        state.check = Check(submission, part, name, case, tier, session.rubric, state.group)
+        session.fail_if_unimportable(state.check, submission)
+        session.cut_if_out_of_time(state.check)
+        return state.check
     return make

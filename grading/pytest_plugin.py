@@ -3,9 +3,9 @@
 Installed (`pip install .`, or `-e` from a checkout), this module loads through the `pytest11`
 entry point before pytest reads its arguments, so `pytest --impl /any/absolute/path` parses as an
 option and not as a test path. It is the only place options are added. Its shape is
-pytest-xdist's: options and configure here, the session's hooks in their own class
-(grading/plugin.py GradingPlugin) and the checks' fixtures (grading/fixtures.py), registered only
-when there is something to grade, its state in `config.stash`.
+pytest-xdist's: options and configure here, the hooks in a class per role (grading/controller.py
+ControllerPlugin, grading/worker.py WorkerPlugin) and the checks' fixtures (grading/fixtures.py),
+registered only when there is something to grade, the session's state in `config.stash`.
 
 The checks (grading/checks) are part of the installed package: a grading run given no test path
 collects them from wherever the package is, whatever folder pytest runs in.
@@ -70,13 +70,24 @@ def pytest_addoption(parser):
                          "earning nothing); a requirement or timing check is never cut (default: none)")
 
 
+@pytest.hookimpl(trylast=True)  # after xdist's, which registers its DSession where workers run the checks
 def pytest_configure(config):
-    if config.getoption("--impl"):
-        # Imported here, not at the top: the engine (torch, the harness) is loaded only to grade.
-        from grading import fixtures
-        from grading.plugin import GradingPlugin
+    """Under --impl, one plugin per role, as junitxml and xdist register theirs: the controller's
+    wherever there is no `workerinput`, the worker's (and the checks' fixtures) wherever the checks
+    run, an xdist worker or a run without workers (both, then, in one process)."""
+    if not config.getoption("--impl"):
+        return
+    # Imported here, not at the top: the engine (torch, the harness) is loaded only to grade.
+    from grading import fixtures
+    from grading.controller import ControllerPlugin
+    from grading.session import GRADING, Grading
+    from grading.worker import WorkerPlugin
 
-        config.pluginmanager.register(GradingPlugin(config), "grading")
+    config.stash[GRADING] = Grading(config)
+    if not hasattr(config, "workerinput"):
+        config.pluginmanager.register(ControllerPlugin(config), "grading-controller")
+    if not config.pluginmanager.hasplugin("dsession"):
+        config.pluginmanager.register(WorkerPlugin(config), "grading-worker")
         config.pluginmanager.register(fixtures, "grading-fixtures")
 
 

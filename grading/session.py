@@ -1,6 +1,7 @@
 """The grading session's state in one process (the controller, or an xdist worker): the
 submissions, the rubric and seed, one runner per submission and shard, the replies the checks share,
-the GPU this process grades on and its ledger."""
+the GPU this process grades on and its ledger. A test sees it as a ShardSession: the same state,
+its runner calls going to the runner of the test's shard."""
 import os
 import platform
 import tempfile
@@ -48,7 +49,7 @@ class Grading:
         self.reports = Path(config.getoption("--reports"))
         self.time_limit = config.getoption("--time-limit")
         # Each submission's check time under a limit, shared by the run's processes: the controller
-        # makes the folder, its workers are told where (plugin.pytest_configure_node).
+        # makes the folder, its workers are told where (controller.py pytest_configure_node).
         self.spent = None
         if self.time_limit is not None:
             self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
@@ -70,23 +71,22 @@ class Grading:
             threading.Thread(target=warm_up_cuda, args=(device,), name="warm-up-cuda", daemon=True).start()
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
-        # On a GPU, under xdist, several workers share one submission (grading/shards.py);
-        # the plugin sets the shard of the test under way, and each (submission, shard) has its
-        # runner. On a CPU there is no compiling to spread, only runner starts to add.
+        # On a GPU, under xdist, several workers share one submission (grading/shards.py): each
+        # (submission, shard) has its runner, and a test's calls name its shard (ShardSession).
+        # On a CPU there is no compiling to spread, only runner starts to add.
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
         self.sharded = self.on_gpu and workers > 1
         self.per_kernel_shards = shards.per_kernel_shards(len(self.submissions), workers)
-        self.shard = ""
         self._runners = {}  # (submission name, shard) -> SubmissionRunner
         self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
         self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
-    def _switch_to(self, name: str):
+    def _switch_to(self, name: str, shard: str):
         """A worker grades one group's checks together (loadgroup): when the next group starts,
         close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
-        group = (name, self.shard)
+        group = (name, shard)
         if group == self._current:
             return
         for other in [g for g in self._runners if g != group]:
@@ -140,23 +140,24 @@ class Grading:
         where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
         return kernel_cache.kept_cache(root, shard) if self.on_gpu else None
 
-    def runner(self, submission) -> SubmissionRunner:
-        self._switch_to(submission.name)
-        group = (submission.name, self.shard)
+    def runner(self, submission, shard: str) -> SubmissionRunner:
+        """The runner of `submission`'s `shard`, started on first use."""
+        self._switch_to(submission.name, shard)
+        group = (submission.name, shard)
         if group not in self._runners:
             self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, self.shard),
+                                                    kept_kernels=self.kept_kernels(submission.root, shard),
                                                     gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
-    def fail_if_unimportable(self, check, submission):
+    def fail_if_unimportable(self, check, submission, shard: str):
         """Fail `check` with the import error when the submission's adapters do not import: every
         check of every part then says that one sentence, whatever the check or its part would
         otherwise find (a stub, an adapter missing, a GPU needed). Starts the runner if none ran yet."""
-        runner = self.runner(submission)
+        runner = self.runner(submission, shard)
         if (failure := runner.adapters_failure()) is not None:
-            self.note_runner(submission, runner, failure)
+            self.note_runner(submission, shard, runner, failure)
             check.settle_reply(failure)
 
     def cut_if_out_of_time(self, check):
@@ -181,19 +182,19 @@ class Grading:
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 
-    def call_cached(self, submission, key, request, timeout, what):
+    def call_cached(self, submission, shard: str, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
-        self._switch_to(submission.name)
-        key = ((submission.name, self.shard), key)  # replies never cross submissions or shards
+        self._switch_to(submission.name, shard)
+        key = ((submission.name, shard), key)  # replies never cross submissions or shards
         if key not in self._replies:
-            runner = self.runner(submission)
+            runner = self.runner(submission, shard)
             reply = runner.call(request, timeout, what)
             tensors = reply.tensors if reply.ok else {}
             self._replies[key] = (reply, tensors)
-            self.note_runner(submission, runner, reply)
+            self.note_runner(submission, shard, runner, reply)
         return self._replies[key]
 
-    def note_runner(self, submission, runner, reply):
+    def note_runner(self, submission, shard: str, runner, reply):
         """Keep the runner's facts for info.json; the plugin sends them to the controller on the
         test's report, and the controller alone writes the file."""
         ungradable = reply.message if reply.status == "import_error" else None
@@ -203,7 +204,7 @@ class Grading:
         if ungradable is not None:
             facts["ungradable"] = ungradable
         # One tail per runner: under sharding a submission has a runner per shard (grading/shards.py).
-        facts.setdefault("runner_logs", {})[self.shard] = runner.log_tail()
+        facts.setdefault("runner_logs", {})[shard] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
 
@@ -226,6 +227,28 @@ class Grading:
     def close(self):
         for runner in [*self._runners.values(), *self._kept.values()]:
             runner.close()
+
+
+class ShardSession:
+    """The grading session as one test sees it: the process's session (its seed, rubric, GPU and
+    the rest, read through), with the test's runner calls going to the runner of its shard, which
+    the worker's plugin gave the test at collection (grading/shards.py)."""
+
+    def __init__(self, session: Grading, shard: str):
+        self._session = session
+        self.shard = shard
+
+    def __getattr__(self, name):  # everything but the calls below is the process's session's
+        return getattr(self._session, name)
+
+    def runner(self, submission) -> SubmissionRunner:
+        return self._session.runner(submission, self.shard)
+
+    def call_cached(self, submission, key, request, timeout, what):
+        return self._session.call_cached(submission, self.shard, key, request, timeout, what)
+
+    def fail_if_unimportable(self, check, submission):
+        self._session.fail_if_unimportable(check, submission, self.shard)
 
 
 def usable_cores() -> int:
@@ -258,5 +281,5 @@ def environment(on_gpu: bool) -> dict:
             "triton": triton_version, "triton_interpreter": not on_gpu, "python": platform.python_version()}
 
 
-# The session's grading state, for the fixtures (grading/fixtures.py) and the hooks below.
+# The process's grading session, for the fixtures (grading/fixtures.py) and the plugins.
 GRADING = pytest.StashKey[Grading]()

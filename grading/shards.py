@@ -115,7 +115,7 @@ def groups_together(items: list, group_of) -> None:
 
     xdist hands out whole groups, but without it (-n 0) tests run in this list's order, which
     pytest's own reordering leaves interleaved across submissions; and a process closes a group's
-    runner when the next group's check comes (plugin.Grading._switch_to). A submission's runner
+    runner when the next group's check comes (session.Grading._switch_to). A submission's runner
     then restarted between two of its checks: a cost, and a verdict that depended on -n (a
     replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
     keys = [group_of(item) or ("no group", index) for index, item in enumerate(items)]

@@ -15,7 +15,7 @@ temporary file that then replaces it, so a reader never sees half of one):
                              page, grades.csv and gradescope_scores.csv list (the run's, and with
                              --keep-others every other one already graded into the folder), and the
                              folders a glob matched that hold no adapters file.
-  <sub>/checks/<check>.json  the pytest controller (recording.py, pytest_runtest_logreport), when the
+  <sub>/checks/<check>.json  the pytest controller (controller.py, pytest_runtest_logreport), when the
                              check finishes; under xdist the worker's record travels to it on the
                              test report, as CheckRecord.to_json(). Never deleted: a check not run
                              in a session keeps its last result; assemble() decides which records

@@ -1,14 +1,14 @@
-"""pytest's FAILURES section: kept for one submission, left to the reports for a class (plugin.py)."""
+"""pytest's FAILURES section: kept for one submission, left to the reports for a class (controller.py)."""
 from types import SimpleNamespace
 
-from grading.plugin import GradingPlugin
+from grading.controller import ControllerPlugin
 
 
 def left_to_reports(submissions: int, args=(), tbstyle="auto") -> bool:
     plugin = SimpleNamespace(state=SimpleNamespace(submissions=[object()] * submissions))
     config = SimpleNamespace(invocation_params=SimpleNamespace(args=tuple(args)),
                              option=SimpleNamespace(tbstyle=tbstyle))
-    return GradingPlugin.failures_left_to_reports(plugin, config)
+    return ControllerPlugin.failures_left_to_reports(plugin, config)
 
 
 def test_a_class_leaves_its_failures_to_the_reports():

@@ -1,4 +1,4 @@
-"""Workers on a host of several GPUs (grading/plugin.py Grading.worker_gpu): round-robin,
+"""Workers on a host of several GPUs (grading/session.py Grading.worker_gpu): round-robin,
 the same GPU for a worker's own CUDA work and for its runners, none where the user chose. And
 the cores they share: those the process may run on, not all the machine's."""
 import os

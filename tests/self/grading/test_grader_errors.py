@@ -476,11 +476,11 @@ def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
 def test_progress_counts_each_submission_by_its_exact_name():
     """s1's pending checks are s1's alone: a test id of s10 contains "[s1" too. On a GPU a group
     is one shard of a submission, "<name>/<shard>" (grading/shards.py)."""
-    from grading.plugin import GradingPlugin
-    plugin = GradingPlugin.__new__(GradingPlugin)  # its state only, no pytest config
+    from grading.controller import ControllerPlugin
+    plugin = ControllerPlugin.__new__(ControllerPlugin)  # its state only, no pytest config
     plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
     ids = [f"{MOD}::test_forward[s1-pytorch-a]@s1", f"{MOD}::test_forward[s10-pytorch-a]@s10",
            f"{MOD}::test_backward[s10-pytorch-a]@s10", "tests/self/reference/test_oracle.py::test_x",
            f"{MOD}::test_forward[s1-triton-b]@s1/triton-bf16-full-d64"]
-    plugin._set_pending(plugin._submission_of_id(i) for i in ids)
+    plugin.set_pending(plugin.submission_of_id(i) for i in ids)
     assert plugin.pending == {"s1": 2, "s10": 2}

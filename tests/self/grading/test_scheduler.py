@@ -153,7 +153,7 @@ def test_at_most_timing_per_gpu_timing_groups_in_progress_on_a_gpu():
     assert first == {"gw0": "s0/timing-triton", "gw1": "s0/pytorch", "gw2": "s1/timing-triton",
                      "gw3": "s1/pytorch", "gw4": "s2/timing-triton", "gw5": "s3/timing-triton"}
 
-    # On two GPUs (workers round-robin, as plugin.Grading.worker_gpu pins them) gw3's GPU has none yet.
+    # On two GPUs (workers round-robin, as session.Grading.worker_gpu pins them) gw3's GPU has none yet.
     scheduler, nodes, sent = start(collection, 6, gpus=2, timing_per_gpu=2)
     first = {worker: group for (worker, _), group in zip(sent, groups_sent(scheduler, sent))}
     assert first["gw3"] == "s2/timing-triton" and first["gw4"] == "s1/pytorch"
@@ -288,20 +288,20 @@ def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
 
 def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
     """The controller's plugin tells the scheduler the case of a check that timed out."""
+    from grading.controller import ControllerPlugin
     from grading.durations import Durations
-    from grading.plugin import GradingPlugin
     from grading.results.record import CheckRecord
 
     scheduler, nodes, sent = start(slow_and_quick(), 2)
-    plugin = SimpleNamespace(is_worker=False, collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
-                             state=SimpleNamespace(reports=tmp_path), _count_done=lambda name: None, clock={})
+    plugin = SimpleNamespace(collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
+                             state=SimpleNamespace(reports=tmp_path), count_done=lambda name: None, clock={})
     for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
         case = "bf16-113x203-d64-causal"
         record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
         report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group), when="call", duration=1.0, start=1.0,
                                  stop=2.0,
                                  user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
-        GradingPlugin.pytest_runtest_logreport(plugin, report)
+        ControllerPlugin.pytest_runtest_logreport(plugin, report)
     assert scheduler.smaller_than == {f"alice/{SLOW}": 113 * 203 * 64}
 
 

@@ -173,7 +173,7 @@ def test_a_groups_flash_checks_go_smallest_case_first():
 def test_every_shards_runner_log_reaches_the_report():
     """A submission spread over shards has a runner log per shard: results.json shows each under
     its shard's name (not only the last shard's, as before), within one size budget."""
-    from grading.recording import LOG_TAILS_CHARS, joined_logs
+    from grading.controller import LOG_TAILS_CHARS, joined_logs
 
     assert joined_logs({"": "only runner\n"}) == "only runner\n"
     logs = {"triton-bf16-causal-d64": "x" * 50000 + "END-A", "ddp-ddp": "spawned 2 ranks\nEND-B"}

@@ -94,7 +94,7 @@ def test_a_bad_submission_yaml_is_a_note_not_an_ungradable_submission(tmp_path):
 
 
 def test_the_identity_travels_through_info_json_into_results_json(tmp_path):
-    """plugin.py writes these into info.json; assemble copies them into extra_data."""
+    """controller.py writes these into info.json; assemble copies them into extra_data."""
     sub = submission(tmp_path / "subs" / "bob", submission_metadata__yml=GROUP_YML)
     reports = tmp_path / "reports"
     store.write_info(reports, sub.name, {"student": sub.student, "student_id": sub.student_id,

@@ -1,0 +1,209 @@
+"""The grading plugin of the process that runs the checks: an xdist worker, or the one process of a
+run without workers (grading/pytest_plugin.py registers it there beside the controller's).
+
+It parametrizes the checks over the submissions, gives each collected check its shard, its
+record's id and its rubric group (grading/check.py TestState), sorts the checks (grading/shards.py),
+runs again a check that the grader's own code broke, and sends what each check found to the
+controller on its test report's user_properties: the check record as "grading_check"
+(CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's facts as
+"grading_runner" and, with its first report, the tests it collected as "grading_collected".
+
+An exception raised by the grader's own code in a test (the harness, the oracle, a file read) is
+not the student's failure: the test is run once more, and if the grader fails again the check is
+recorded as "grader_error", unscored, and the submission is marked incomplete. What the student's
+code does wrong reaches the tests as a runner Reply and fails through Check.fail; a test that
+failed before it made its check (in a fixture, say) gets a stand-in record.
+"""
+import os
+import traceback
+from pathlib import Path
+
+import pytest
+
+from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
+from fa2_sandbox.harness import shared_probe
+from fa2_sandbox.wire import outcomes
+from grading import shards
+from grading.check import TEST_STATE, TestState, check_id, declared_group, submission_of
+from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
+from grading.session import GRADING
+
+# The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
+OWN_PACKAGES = [str(PROJECT_ROOT / name) + os.sep for name in GRADER_PACKAGES if name != "submissions"]
+
+
+def describe(exc: BaseException) -> str:
+    """'KeyError: 'o' at grading/checks/test_flash.py:97': the error and where the grader raised it."""
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 300:
+        text = text[:297] + "..."
+    frames = traceback.extract_tb(exc.__traceback__)
+    ours = [f for f in frames if f.filename.startswith(tuple(OWN_PACKAGES))]
+    frame = (ours or frames or [None])[-1]
+    if frame is not None:
+        where = os.path.relpath(frame.filename, PROJECT_ROOT) if frame in ours else frame.filename
+        text += f" at {where}:{frame.lineno}"
+    return text
+
+
+def stand_in(item, name) -> CheckRecord:
+    """A record for a grading test that failed before it made its check (in a fixture, say)."""
+    case = item.callspec.id.replace(name, "", 1).replace("--", "-").strip("-")
+    return CheckRecord(submission=name, part="grader", check=item.originalname, case=case, stand_in=True)
+
+
+def record_of(item, report, call, name):
+    """The check record this report settles, or None (teardown, or nothing to record)."""
+    if not (report.when == "call" or (report.when == "setup" and not report.passed)):
+        return None
+    state = item.stash[TEST_STATE]
+    if state.check is None and report.passed:
+        return None
+    record = state.check.record if state.check is not None else stand_in(item, name)
+    errors = state.errors
+    if report.passed and record.outcome == outcomes.ERROR and not record.diagnosis:
+        record.update(outcome=outcomes.PASSED, output=record.output or "passed")
+    elif report.skipped and record.outcome not in (outcomes.SKIPPED, NOT_GRADED_HERE):
+        reason = report.longrepr[-1] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        record.update(outcome=outcomes.SKIPPED, output=f"skipped: {reason}")
+    elif report.failed and (errors or report.when == "setup" or not record.diagnosis):
+        if not errors:  # failed in setup (not retried), or through pytest.fail outside Check
+            if call.excinfo is not None:
+                message = describe(call.excinfo.value)
+            else:
+                message = str(report.longrepr).strip().splitlines()[-1] if report.longrepr else "failed"
+            errors = [message + (" (in setup)" if report.when == "setup" else "")]
+        record.update(outcome=GRADER_ERROR, diagnosis=grader_error_diagnosis(errors),
+                      output=str(report.longrepr)[-20000:], attempts=errors)  # the traceback, for staff
+    if state.first_error and record.outcome != GRADER_ERROR:
+        record.retried_after = state.first_error  # the first attempt's grader error
+    record.nodeid = state.nodeid
+    return record
+
+
+class WorkerPlugin:
+    """Registered by grading/pytest_plugin.py under --impl where checks run."""
+
+    def __init__(self, config):
+        self.config = config
+        self.state = config.stash[GRADING]
+        # Test ids collected per submission, before -k / --deselect, and the modules collected
+        # whole: what a complete result needs, and which old records are stale (see
+        # store.current_records). Sent to the controller with the first report.
+        self.collected = {}
+        self.modules = set()
+        self.groups = {}  # test id -> its rubric group, known before it runs (check.declared_group)
+        self.collected_sent = False
+        if probe := getattr(config, "workerinput", {}).get("isolation_probe"):  # the controller's (shared_probe.py)
+            shared_probe.adopt(Path(probe["path"]), probe["question"])
+
+    def pytest_configure(self, config):
+        # Workers tag each test id with its group, which xdist's worker does only under loadgroup
+        # (the controller schedules by group: grading/controller.py). Only a worker reads it.
+        config.option.loadgroup = True
+
+    def pytest_generate_tests(self, metafunc):
+        if "submission" in metafunc.fixturenames:
+            subs = self.state.submissions
+            metafunc.parametrize("submission", subs, ids=[s.name for s in subs], scope="session")
+
+    # -- collection --------------------------------------------------------------------------
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group, and before -k
+    def pytest_collection_modifyitems(self, config, items):
+        # Modules named with "::" on the command line (one test, one case) were not collected
+        # whole: their other tests' records are kept, never judged stale.
+        partial = {(config.invocation_params.dir / arg.split("::", 1)[0]).resolve()
+                   for arg in config.args if "::" in arg}
+        # The marker is xdist's: without the plugin (-p no:xdist) pytest would warn it is unknown.
+        grouping = config.pluginmanager.hasplugin("xdist")
+        # --lf drops the tests that passed last time while collecting, before this hook runs
+        # (pytest's LFPluginCollWrapper): no module is collected whole then, so the checks it
+        # leaves out keep their records, as with tests named by id.
+        last_failed = bool(config.getoption("lf", False))
+        for item in items:
+            name = submission_of(item)
+            if name is None:
+                continue
+            shard = shards.shard_of(item, self.state.stubs[name], self.state.per_kernel_shards) \
+                if self.state.sharded else ""
+            state = item.stash[TEST_STATE] = TestState(nodeid=check_id(item), shard=shard,
+                                                        group=declared_group(item, self.state.rubric))
+            if grouping:
+                item.add_marker(pytest.mark.xdist_group(shards.group_name(name, shard)))
+            self.groups[state.nodeid] = state.group
+            self.collected.setdefault(name, set()).add(state.nodeid)
+            if not last_failed and not (partial and item.path.resolve() in partial):
+                self.modules.add(item.module.__name__)
+
+    # Last: pytest's own hook (fixtures.py, reorder_items) regroups the items by the session-scoped
+    # `submission` parameter after every tryfirst hook, which undid this sort on an H100 run: a
+    # lone submission's shards went out in the order of its test modules, its one-test Triton
+    # timing shard (the longest) among the last.
+    @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
+    def pytest_collection_modifyitems_heavy_first(self, items):
+        # Every worker sorts alike, as xdist requires (the sorts are stable).
+        if self.state.sharded:
+            items.sort(key=lambda item: shards.cost_rank(shard_of(item)))
+        else:  # a runner's distributed checks one after another: its ranks serve them all
+            items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
+
+        def runner_group(item):
+            name = submission_of(item)
+            return shards.group_name(name, shard_of(item)) if name is not None else None
+
+        shards.groups_together(items, runner_group)
+        shards.smallest_case_first(items, runner_group)
+        shards.memory_early(items, runner_group)
+
+    # -- running -----------------------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_runtest_call(self, item):
+        """Run a grading test; if the grader's own code raises, run it once more from scratch."""
+        name = submission_of(item)
+        if name is None:
+            return (yield)
+        try:
+            return (yield)
+        except Exception as exc:  # Check.fail / skip raise pytest's outcomes, which are not Exceptions
+            first = describe(exc)
+        self.state.forget(name)
+        state = item.stash[TEST_STATE]
+        state.check = None
+        try:
+            item.runtest()
+        except Exception as exc:
+            state.errors = [first, describe(exc)]
+            raise
+        finally:
+            state.first_error = first
+        return None
+
+    @pytest.hookimpl(hookwrapper=True)
+    def pytest_runtest_makereport(self, item, call):
+        outcome = yield
+        report = outcome.get_result()
+        name = submission_of(item)
+        if name is None:
+            return
+        if self.state.spent is not None:  # in the process that ran it: its submission's time
+            self.state.spent.add(name, report.duration)
+        # On this report only (not item.user_properties, which all its reports share).
+        sent = [("grading_submission", name)]
+        if not self.collected_sent:
+            self.collected_sent = True
+            sent.append(("grading_collected", {"items": {k: sorted(v) for k, v in self.collected.items()},
+                                               "modules": sorted(self.modules), "groups": self.groups}))
+        if facts := self.state.runner_facts.pop(name, None):
+            sent.append(("grading_runner", facts))
+        if (record := record_of(item, report, call, name)) is not None:
+            sent.append(("grading_check", record.to_json()))
+        report.user_properties = [*report.user_properties, *sent]
+
+    def pytest_sessionfinish(self, session):
+        self.state.close()  # this process's runners
+
+
+def shard_of(item) -> str:
+    """The shard collection gave a grading test ("" for any other test)."""
+    state = item.stash.get(TEST_STATE, None)
+    return state.shard if state is not None else ""
