@@ -49,21 +49,25 @@ def recorded_groups(run: Path) -> tuple[dict, dict]:
         groups[row["test"].rsplit("@", 1)[1]].append(row["test"])
     full = defaultdict(int)
     for group, ids in groups.items():
-        full[shards.shard_kind(group)] = max(full[shards.shard_kind(group)], len(ids))
+        full[shard_name(group)] = max(full[shard_name(group)], len(ids))
     for group, ids in groups.items():
         mean = statistics.mean(seconds[i] for i in ids)
-        for k in range(full[shards.shard_kind(group)] - len(ids)):
+        for k in range(full[shard_name(group)] - len(ids)):
             nodeid = f"{ids[0].split('[')[0]}[unrecorded{k}]@{group}"
             ids.append(nodeid)
             seconds[nodeid] = mean
     return dict(groups), seconds
 
 
+def shard_name(group: str) -> str:
+    return shards.shard_of_group(group).name
+
+
 def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) -> None:
     """Each Triton group of `submission`: its first unrecorded check waits out `timeout_s`, the rest
     take no time (SubmissionRunner fails every case at least as large at once)."""
     for group, ids in groups.items():
-        if shards.submission_of_group(group) == submission and shards.shard_kind(group).startswith("triton"):
+        if shards.submission_of_group(group) == submission and shard_name(group).startswith("triton"):
             for k, nodeid in enumerate(i for i in ids if "[unrecorded" in i):
                 seconds[nodeid] = timeout_s if k == 0 else 0.0
 
@@ -71,7 +75,7 @@ def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) ->
 def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0) -> tuple:
     """(the run's end, steals) with the groups collected in `order`."""
     keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
-                                              if shards.shard_kind(g).startswith(kind)), len(order)))
+                                              if shard_name(g).startswith(kind)), len(order)))
     collection = [nodeid for group in keys for nodeid in groups[group]]
     sched = scheduling.GradingScheduling(fake_config(workers))
     nodes = [Worker(n, []) for n in range(workers)]

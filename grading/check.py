@@ -14,6 +14,7 @@ import pytest
 
 from fa2_sandbox.wire import outcomes
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
+from grading.shards import Shard
 
 
 def submission_of(item):
@@ -128,7 +129,7 @@ class TestState:
     __test__ = False  # not a test class, whatever its name
 
     nodeid: str  # the records' id (check_id): the node id would end in xdist's "@group"
-    shard: str  # the runner of its submission that its calls go to (grading/shards.py)
+    shard: Shard  # the runner of its submission that its calls go to
     group: str  # its rubric group, as its module declares it (declared_group)
     check: Check | None = None  # what it found, once the `check` fixture made it
     first_error: str | None = None  # the grader's error that made the test run a second time

@@ -18,7 +18,7 @@ after its id.
 from functools import lru_cache
 
 from fa2_sandbox.wire.cases import FlashCase
-from grading.shards import kernel_shard
+from grading.shards import Shard, kernel_shard
 
 ODD_PAIRS = [(113, 203), (203, 113), (128, 217), (1, 239), (127, 513), (1023, 1024), (17, 17)]
 
@@ -89,7 +89,7 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
     runners = {}
     for tier, case in flash_cases(slot, on_gpu):
         if tier in REQUIRED_TIERS[slot]:
-            runner = kernel_shard(case) if slot == "triton" and on_gpu else slot
+            runner = kernel_shard(case) if slot == "triton" and on_gpu else Shard(slot)
             runners.setdefault(runner, []).append((tier, case))
     return tuple(min(cases, key=lambda pair: pair[1].work) for cases in runners.values())
 

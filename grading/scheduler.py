@@ -267,7 +267,7 @@ def case_size(nodeid: str) -> int | None:
 
 
 def is_timing(group: str) -> bool:
-    return shards.shard_kind(group).startswith("timing-")
+    return shards.shard_of_group(group).timing
 
 
 def spread_timing(keys: list) -> list:

@@ -21,6 +21,7 @@ from fa2_sandbox.wire import outcomes
 from grading import shards, time_limit
 from grading.results import store
 from grading.rubric import Rubric, RubricError
+from grading.shards import Shard
 from grading.time_limit import SpentTime
 
 
@@ -83,7 +84,7 @@ class Grading:
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
-    def _switch_to(self, name: str, shard: str):
+    def _switch_to(self, name: str, shard: Shard):
         """A worker grades one group's checks together (loadgroup): when the next group starts,
         close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
         group = (name, shard)
@@ -135,23 +136,23 @@ class Grading:
             finally:
                 torch.cuda.empty_cache()
 
-    def kept_kernels(self, root, shard: str):
+    def kept_kernels(self, root, shard_name: str):
         """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,
         where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
-        return kernel_cache.kept_cache(root, shard) if self.on_gpu else None
+        return kernel_cache.kept_cache(root, shard_name) if self.on_gpu else None
 
-    def runner(self, submission, shard: str) -> SubmissionRunner:
+    def runner(self, submission, shard: Shard) -> SubmissionRunner:
         """The runner of `submission`'s `shard`, started on first use."""
         self._switch_to(submission.name, shard)
         group = (submission.name, shard)
         if group not in self._runners:
             self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, shard),
+                                                    kept_kernels=self.kept_kernels(submission.root, shard.name),
                                                     gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
-    def fail_if_unimportable(self, check, submission, shard: str):
+    def fail_if_unimportable(self, check, submission, shard: Shard):
         """Fail `check` with the import error when the submission's adapters do not import: every
         check of every part then says that one sentence, whatever the check or its part would
         otherwise find (a stub, an adapter missing, a GPU needed). Starts the runner if none ran yet."""
@@ -182,7 +183,7 @@ class Grading:
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 
-    def call_cached(self, submission, shard: str, key, request, timeout, what):
+    def call_cached(self, submission, shard: Shard, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
         self._switch_to(submission.name, shard)
         key = ((submission.name, shard), key)  # replies never cross submissions or shards
@@ -194,7 +195,7 @@ class Grading:
             self.note_runner(submission, shard, runner, reply)
         return self._replies[key]
 
-    def note_runner(self, submission, shard: str, runner, reply):
+    def note_runner(self, submission, shard: Shard, runner, reply):
         """Keep the runner's facts for info.json; the plugin sends them to the controller on the
         test's report, and the controller alone writes the file."""
         ungradable = reply.message if reply.status == "import_error" else None
@@ -204,7 +205,7 @@ class Grading:
         if ungradable is not None:
             facts["ungradable"] = ungradable
         # One tail per runner: under sharding a submission has a runner per shard (grading/shards.py).
-        facts.setdefault("runner_logs", {})[shard] = runner.log_tail()
+        facts.setdefault("runner_logs", {})[shard.name] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
 
@@ -234,7 +235,7 @@ class ShardSession:
     the rest, read through), with the test's runner calls going to the runner of its shard, which
     the worker's plugin gave the test at collection (grading/shards.py)."""
 
-    def __init__(self, session: Grading, shard: str):
+    def __init__(self, session: Grading, shard: Shard):
         self._session = session
         self.shard = shard
 

@@ -28,10 +28,84 @@ and each shard would add a runner start (on a 2-core CPU the reference took half
 A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").
 """
+from dataclasses import dataclass, field
+
 from fa2_sandbox.wire.cases import FLASH_SLOTS, SHORT, FlashCase
 
 SEPARATOR = "/"
-DISTRIBUTED = "distributed"  # the distributed checks' shard: one runner, its ranks kept between calls
+
+
+@dataclass(frozen=True)
+class Kind:
+    """What every shard of a kind shares: its place in the run order, and whether its check holds
+    the GPU alone for a measured window (timing) or runs at N = 16384 (memory)."""
+    rank: int
+    timing: bool = False
+    memory: bool = False
+
+
+# The kinds, longest first: xdist's loadgroup hands groups to idle workers in collection order, so
+# a run whose longest shards come last ends with a few workers busy while the rest wait. Triton
+# memory comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch
+# tiles in a Python loop takes minutes (the example triton_slot_without_triton). Then the PyTorch
+# slot and the distributed checks, then the Triton shards. The Triton shards before the PyTorch
+# slot, tried on the corpus class (one H200, -n 16), recorded fewer checks, finished fewer
+# submissions and cut more advice checks: every submission's compiling and autotuning at once made
+# each slower, the Triton checks used up the submissions' time limits first, and the slow PyTorch
+# slots (a tiled loop under torch.compile) came last (notes/grading-speed.md, 2026-11-28, fifth
+# session). Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them
+# through the run, a few at a time per GPU: their measured windows pause the others' GPU calls
+# (gpu_ledger.py), and handed out together at the end they queued behind each other.
+KINDS = {
+    "memory-triton": Kind(rank=0, memory=True),
+    "pytorch": Kind(rank=1),
+    "distributed": Kind(rank=2),  # one runner, its ranks kept between calls
+    "triton": Kind(rank=3),  # "triton-<dtype>-<causal>[-d<head dim>]", or "triton" for a stub
+    "timing-triton": Kind(rank=4, timing=True),
+    "timing-pytorch": Kind(rank=5, timing=True),
+    "": Kind(rank=6),  # the whole submission, one runner: no sharding (a CPU, one worker)
+}
+HEAVY_FIRST = tuple(kind for kind in KINDS if kind)
+
+
+def kind_of(name: str) -> str:
+    """The kind of a shard's name: the kind itself, or the kind followed by "-" and its key."""
+    kind = next((kind for kind in KINDS if name == kind or (kind and name.startswith(kind + "-"))), None)
+    if kind is None:
+        raise ValueError(f"no shard kind named {name!r}: a shard's name is one of {', '.join(HEAVY_FIRST)}, or one "
+                         f"of them followed by '-' and its key. A new kind goes in grading/shards.py KINDS, with "
+                         f"its place in the run order.")
+    return kind
+
+
+@dataclass(frozen=True)
+class Shard:
+    """One runner of a submission: its name ("triton-bf16-causal-d64", say), which its group's name
+    and its runner's log carry, and its kind's properties. An unknown name is refused."""
+    name: str
+    kind: Kind = field(init=False, repr=False, compare=False)
+
+    def __post_init__(self):
+        object.__setattr__(self, "kind", KINDS[kind_of(self.name)])
+
+    @property
+    def rank(self) -> int:
+        return self.kind.rank
+
+    @property
+    def timing(self) -> bool:
+        return self.kind.timing
+
+    @property
+    def memory(self) -> bool:
+        return self.kind.memory
+
+    def __str__(self) -> str:
+        return self.name
+
+
+WHOLE = Shard("")
+DISTRIBUTED = Shard("distributed")
 
 
 def is_distributed(item) -> bool:
@@ -39,36 +113,39 @@ def is_distributed(item) -> bool:
     return declared_shard(item, True) == DISTRIBUTED
 
 
-def declared_shard(item, per_kernel: bool) -> str:
+def declared_shard(item, per_kernel: bool) -> Shard:
     """The shard a checks module gives a test of its own: each module under grading/checks
     declares `shard(params, per_kernel)`, so a new module says where its checks run."""
     declare = getattr(item.module, "shard", None)
     if declare is None:
         raise TypeError(f"{item.module.__name__} declares no shard(params, per_kernel): each checks module "
                         f"says which runner of a submission its checks use (grading/shards.py)")
-    return declare(item.callspec.params, per_kernel)
-
-
-def shard_of(item, stubs: set, per_kernel: bool = True) -> str:
-    """The shard of a grading test, as its module declares it. A Triton slot that is the
-    template's stub stays one shard ("triton"), however its module would split it."""
-    shard = declared_shard(item, per_kernel)
-    if shard.startswith("triton-") and FLASH_SLOTS["triton"] in stubs:
-        return "triton"
+    shard = declare(item.callspec.params, per_kernel)
+    if not isinstance(shard, Shard):
+        raise TypeError(f"{item.module.__name__}.shard returned {shard!r}, not a Shard (grading/shards.py)")
     return shard
 
 
-def kernel_shard(case: FlashCase, per_kernel: bool = True) -> str:
+def shard_of(item, stubs: set, per_kernel: bool = True) -> Shard:
+    """The shard of a grading test, as its module declares it. A Triton slot that is the
+    template's stub stays one shard ("triton"), however its module would split it."""
+    shard = declared_shard(item, per_kernel)
+    if shard.kind is KINDS["triton"] and FLASH_SLOTS["triton"] in stubs:
+        return Shard("triton")
+    return shard
+
+
+def kernel_shard(case: FlashCase, per_kernel: bool = True) -> Shard:
     """The Triton shard of a case: what Triton compiles a kernel for (dtype, causal flag, head
     dim), or without `per_kernel` the kernels of one dtype and causal flag."""
-    shard = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
-    return f"{shard}-d{case.head_dim}" if per_kernel else shard
+    name = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
+    return Shard(f"{name}-d{case.head_dim}" if per_kernel else name)
 
 
-def timing_shard(slot: str) -> str:
+def timing_shard(slot: str) -> Shard:
     """A slot's timing runner: the timing check, and for the PyTorch slot its runs_on_cuda check
     (the one other check that puts that class on CUDA)."""
-    return f"timing-{slot}"
+    return Shard(f"timing-{slot}")
 
 
 # The Triton shards of a submission without a shard per kernel: bfloat16 and float32, each causal or not.
@@ -86,27 +163,6 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
     400 s than one GPU (notes/grading-speed.md, 2026-11-28, fifth session). So a submission is
     spread that thin only while its class's (dtype, causal) shards would leave workers idle."""
     return submissions * KERNEL_FAMILIES < workers
-
-
-# Longest first: xdist's loadgroup hands groups to idle workers in collection order, so a run
-# whose longest shards come last ends with a few workers busy while the rest wait. Triton memory
-# comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch tiles in
-# a Python loop takes minutes (the example triton_slot_without_triton). Then the PyTorch slot and
-# the distributed checks, then the Triton shards. The Triton shards before the PyTorch slot, tried
-# on the corpus class (one H200, -n 16, 550 s), recorded fewer checks (4088 against 4257), finished
-# 16 submissions instead of 19 and cut 613 advice checks instead of 248: every submission's
-# compiling and autotuning at once made each slower, the Triton checks used up the submissions'
-# time limits first, and the slow PyTorch slots (a tiled loop under torch.compile) came last
-# (notes/grading-speed.md, 2026-11-28, fifth session).
-# Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them through the
-# run, a few at a time per GPU: their measured windows pause the others' GPU calls (gpu_ledger.py),
-# and handed out together at the end they queued behind each other.
-HEAVY_FIRST = ("memory-triton", "pytorch", "distributed", "triton", "timing-triton", "timing-pytorch")
-
-
-def cost_rank(shard: str) -> int:
-    """Where a shard's tests go in the run order: the position of its kind in HEAVY_FIRST."""
-    return next((i for i, kind in enumerate(HEAVY_FIRST) if shard.startswith(kind)), len(HEAVY_FIRST))
 
 
 def groups_together(items: list, group_of) -> None:
@@ -177,14 +233,15 @@ def case_of(item):
     return callspec.params.get("case") if callspec is not None else None
 
 
-def group_name(submission: str, shard: str) -> str:
-    return f"{submission}{SEPARATOR}{shard}" if shard else submission
+def group_name(submission: str, shard: Shard) -> str:
+    """The xdist group of a submission's shard, "alice/triton-bf16-causal" ("alice" unsharded)."""
+    return f"{submission}{SEPARATOR}{shard.name}" if shard.name else submission
 
 
 def submission_of_group(group: str) -> str:
     return group.split(SEPARATOR, 1)[0]
 
 
-def shard_kind(group: str) -> str:
-    """A group's shard, "alice/triton-bf16-causal" -> "triton-bf16-causal"."""
-    return group.partition(SEPARATOR)[2]
+def shard_of_group(group: str) -> Shard:
+    """A group's shard, "alice/triton-bf16-causal" -> Shard("triton-bf16-causal")."""
+    return Shard(group.partition(SEPARATOR)[2])

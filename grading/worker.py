@@ -125,7 +125,7 @@ class WorkerPlugin:
             if name is None:
                 continue
             shard = shards.shard_of(item, self.state.stubs[name], self.state.per_kernel_shards) \
-                if self.state.sharded else ""
+                if self.state.sharded else shards.WHOLE
             state = item.stash[TEST_STATE] = TestState(nodeid=check_id(item), shard=shard,
                                                         group=declared_group(item, self.state.rubric))
             if grouping:
@@ -143,7 +143,7 @@ class WorkerPlugin:
     def pytest_collection_modifyitems_heavy_first(self, items):
         # Every worker sorts alike, as xdist requires (the sorts are stable).
         if self.state.sharded:
-            items.sort(key=lambda item: shards.cost_rank(shard_of(item)))
+            items.sort(key=lambda item: shard_of(item).rank)
         else:  # a runner's distributed checks one after another: its ranks serve them all
             items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
 
@@ -203,7 +203,7 @@ class WorkerPlugin:
         self.state.close()  # this process's runners
 
 
-def shard_of(item) -> str:
-    """The shard collection gave a grading test ("" for any other test)."""
+def shard_of(item) -> shards.Shard:
+    """The shard collection gave a grading test (the whole submission's for any other test)."""
     state = item.stash.get(TEST_STATE, None)
-    return state.shard if state is not None else ""
+    return state.shard if state is not None else shards.WHOLE

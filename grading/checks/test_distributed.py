@@ -55,7 +55,7 @@ from grading.checks.distributed_checks import (
     train_single,
 )
 from grading.diagnoses.ddp import explain_ddp
-from grading.shards import DISTRIBUTED
+from grading.shards import DISTRIBUTED, Shard
 
 DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
 BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn
@@ -77,7 +77,7 @@ SHARDED_SCENARIOS = {
 
 # -- the runs ---------------------------------------------------------------------------------
 
-def shard(params: dict, per_kernel: bool) -> str:
+def shard(params: dict, per_kernel: bool) -> Shard:
     """One runner for the distributed checks: its ranks are kept from one call to the next."""
     return DISTRIBUTED
 

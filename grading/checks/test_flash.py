@@ -38,7 +38,7 @@ from grading.checks.flash_checks import (
 )
 from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
-from grading.shards import kernel_shard, timing_shard
+from grading.shards import Shard, kernel_shard, timing_shard
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -55,7 +55,7 @@ REPLAY = [(slot, tier, case) for slot in SLOTS for tier, case in replay_cases(sl
 ANSWERS = ("o", "L", "dq", "dk", "dv")
 
 
-def shard(params: dict, per_kernel: bool) -> str:
+def shard(params: dict, per_kernel: bool) -> Shard:
     """The runner of a flash check (grading/shards.py): the PyTorch slot's, or for the Triton slot
     the kernel its case compiles. runs_on_cuda joins the PyTorch slot's timing runner, which puts
     the class on CUDA anyway: the slot's own runner, on the CPU, then never starts CUDA (a context,
@@ -63,7 +63,7 @@ def shard(params: dict, per_kernel: bool) -> str:
     if params.get("device") == "cuda":
         return timing_shard("pytorch")
     slot, case = params.get("slot", "pytorch"), params.get("case")
-    return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else slot
+    return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else Shard(slot)
 
 
 def check_of(test: str, params: dict) -> tuple:

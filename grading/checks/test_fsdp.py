@@ -58,7 +58,7 @@ from grading.checks.distributed_checks import (
     train_baseline,
 )
 from grading.diagnoses.fsdp import explain
-from grading.shards import DISTRIBUTED
+from grading.shards import DISTRIBUTED, Shard
 
 FP16_FACTOR, FP16_ATOL = 3.0, 2e-5
 FP32_MATCH = 2e-6  # closer than this to fp32 training: float16 was never used
@@ -70,7 +70,7 @@ LABELS = {"wrap": "get_fsdp", "forward": "the wrapper's forward", "backward": "l
           "gather": "fsdp_gather_full_params", "setup": "setup"}
 
 
-def shard(params: dict, per_kernel: bool) -> str:
+def shard(params: dict, per_kernel: bool) -> Shard:
     """One runner for the distributed checks: its ranks are kept from one call to the next."""
     return DISTRIBUTED
 

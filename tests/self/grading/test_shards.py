@@ -4,9 +4,12 @@ import subprocess
 import sys
 from types import SimpleNamespace
 
+import pytest
+
 from fa2_sandbox.harness.scratch import PROJECT_ROOT
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase
 from grading import matrix, shards
+from grading.shards import Shard
 
 
 def item(module: str, name: str, **params):
@@ -20,13 +23,13 @@ CASE = FlashCase(batch=(2,), n_queries=113, n_keys=203, head_dim=64, dtype="bflo
 
 def test_triton_cases_split_by_what_triton_compiles_for():
     assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), set()) \
-        == "triton-bf16-causal-d64"
+        == Shard("triton-bf16-causal-d64")
     # forward and backward of one case share a shard, so they share the runner call
     assert shards.shard_of(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), set()) \
-        == "triton-bf16-causal-d64"
+        == Shard("triton-bf16-causal-d64")
     fp32 = FlashCase(head_dim=16)
     assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="course", case=fp32), set()) \
-        == "triton-fp32-full-d16"
+        == Shard("triton-fp32-full-d16")
 
 
 def test_a_class_that_fills_the_workers_shards_triton_by_dtype_and_causal_flag():
@@ -37,32 +40,32 @@ def test_a_class_that_fills_the_workers_shards_triton_by_dtype_and_causal_flag()
     d16 = FlashCase(head_dim=16, dtype="bfloat16", is_causal=True)
     for case in (CASE, d16):  # two kernels, one runner
         assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=case), set(),
-                               per_kernel=False) == "triton-bf16-causal"
+                               per_kernel=False) == Shard("triton-bf16-causal")
 
 
 def test_a_stubbed_triton_slot_stays_one_shard():
     stub = {FLASH_SLOTS["triton"]}
     assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
-        == "triton"
+        == Shard("triton")
 
 
 def test_other_parts():
     assert shards.shard_of(item("test_flash", "test_forward", slot="pytorch", tier="handout", case=CASE), set()) \
-        == "pytorch"
+        == Shard("pytorch")
     # the PyTorch slot on CUDA joins its timing runner: its runner on the CPU never starts CUDA
-    assert shards.shard_of(item("test_flash", "test_runs_on_cuda", device="cuda"), set()) == "timing-pytorch"
+    assert shards.shard_of(item("test_flash", "test_runs_on_cuda", device="cuda"), set()) == Shard("timing-pytorch")
     # a check of one case (hygiene, implementation) joins its case's shard, whose reply and kernels it shares
     assert shards.shard_of(item("test_flash", "test_hygiene", slot="triton", tier="handout", case=CASE), set()) \
-        == "triton-bf16-causal-d64"
+        == Shard("triton-bf16-causal-d64")
     # one runner, whose ranks serve every distributed check (one spawn, not one per check family)
     assert shards.shard_of(item("test_distributed", "test_ddp_equivalence", flavour="bucketed",
-                                model_name="toy"), set()) == "distributed"
+                                model_name="toy"), set()) == Shard("distributed")
     assert shards.shard_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) \
-        == "distributed"
-    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == "distributed"
-    assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == "timing-triton"
+        == Shard("distributed")
+    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == Shard("distributed")
+    assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == Shard("timing-triton")
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="triton", phase="forward"), set()) \
-        == "memory-triton"
+        == Shard("memory-triton")
 
 
 def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
@@ -71,7 +74,7 @@ def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
     from grading.matrix import MEMORY_CASE, flash_cases
 
     assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
-        == "pytorch"
+        == Shard("pytorch")
     for on_gpu in (False, True):
         assert MEMORY_CASE in [case for _, case in flash_cases("pytorch", on_gpu)]
     # N x N is what the check looks for: it must dwarf every tile and every O(N d) tensor
@@ -111,7 +114,7 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
             if on_gpu:  # every runner with a required case, and only those: odd head dims have none
                 assert {shards.shard_of(item("test_flash", "test_replay", slot=slot, tier=tier, case=case), set())
                         for tier, case in probed} == required
-                odd = {shard for shard in runners if shard.endswith(("d48", "d80", "d96"))}
+                odd = {shard for shard in runners if shard.name.endswith(("d48", "d80", "d96"))}
                 assert runners - required == odd and (slot == "pytorch" or odd)
             else:
                 assert len(probed) == 1
@@ -125,9 +128,10 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
 def test_group_names_give_back_their_submission():
     for name in ("alice", "s1", "s10", "bob.smith"):
         for shard in ("", "triton-bf16-causal-d64", "distributed"):
-            group = shards.group_name(name, shard)
+            group = shards.group_name(name, Shard(shard))
             assert "@" not in group  # xdist splits group names at "@"
             assert shards.submission_of_group(group) == name
+            assert shards.shard_of_group(group) == Shard(shard)
 
 
 def test_heaviest_shards_run_first():
@@ -136,9 +140,26 @@ def test_heaviest_shards_run_first():
     that order but for the timing groups, which it spreads through the run (test_scheduler.py)."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
-    ordered = sorted(names, key=shards.cost_rank)
+    ordered = sorted(names, key=lambda name: Shard(name).rank)
     assert ordered == ["memory-triton", "pytorch", "distributed", "triton-bf16-causal-d64", "triton",
                        "timing-triton", "timing-pytorch"]
+
+
+def test_a_shard_is_a_kind_the_grader_knows():
+    """A shard's properties are its kind's (grading/shards.py KINDS), and a name of no kind is
+    refused with a sentence that says where kinds are declared: it used to sort last unnoticed."""
+    assert Shard("timing-triton").timing and not Shard("triton-bf16-full-d64").timing
+    assert Shard("memory-triton").memory and not Shard("pytorch").memory
+    assert Shard("triton-bf16-full-d64").kind is shards.KINDS["triton"]
+    for name in ("gpu-memory", "tritonic", "timing"):
+        with pytest.raises(ValueError, match="no shard kind named .* grading/shards.py KINDS"):
+            Shard(name)
+
+
+def test_a_checks_module_declares_a_shard_not_a_name():
+    module = SimpleNamespace(__name__="grading.checks.test_new", shard=lambda params, per_kernel: "pytorch")
+    with pytest.raises(TypeError, match="not a Shard"):
+        shards.declared_shard(SimpleNamespace(module=module, callspec=SimpleNamespace(params={})), True)
 
 
 def test_a_groups_checks_run_together():
