@@ -243,12 +243,12 @@ def later_half(unit: dict, queued: list) -> list:
     """The later half of a unit's `queued` tests (rounded up), with the checks of their cases that
     are queued too: forward and backward of a case share one runner call. A case of which a check
     has run or is running (on the victim, whose runner has the reply) stays whole there."""
-    cases = {case_of(nodeid) for nodeid in queued[len(queued) // 2:]}
-    staying = {case_of(nodeid) for nodeid in unit.keys() - set(queued)}
-    return [nodeid for nodeid in queued if case_of(nodeid) in cases and case_of(nodeid) not in staying]
+    cases = {shared_call(nodeid) for nodeid in queued[len(queued) // 2:]}
+    staying = {shared_call(nodeid) for nodeid in unit.keys() - set(queued)}
+    return [nodeid for nodeid in queued if shared_call(nodeid) in cases and shared_call(nodeid) not in staying]
 
 
-def case_of(nodeid: str) -> str:
+def shared_call(nodeid: str) -> str:
     """What a test shares a runner call with: its parameters without the submission,
     "grading/checks/test_flash.py::test_forward[alice-pytorch-fp32-17x17-d64-full]@alice"
     -> "pytorch-fp32-17x17-d64-full"; a test of no parameters but the submission shares nothing."""
@@ -262,7 +262,7 @@ def case_of(nodeid: str) -> str:
 
 def case_size(nodeid: str) -> int | None:
     """N_q x N_k x d of a flash check's case, from its id ("...-113x203-d64-causal..."), or None."""
-    found = re.search(r"(?:^|-)(\d+)x(\d+)-d(\d+)(?:-|$)", case_of(nodeid))
+    found = re.search(r"(?:^|-)(\d+)x(\d+)-d(\d+)(?:-|$)", shared_call(nodeid))
     return int(found[1]) * int(found[2]) * int(found[3]) if found else None
 
 

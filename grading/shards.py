@@ -165,16 +165,16 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
     return submissions * KERNEL_FAMILIES < workers
 
 
-def groups_together(items: list, group_of) -> None:
+def groups_together(items: list, runner_group) -> None:
     """Each group's checks one after another, the groups in the order they first appear, each
-    keeping its own order (`group_of(item)`: the group, or None for a test of no group).
+    keeping its own order (`runner_group(item)`: the group, or None for a test of no group).
 
     xdist hands out whole groups, but without it (-n 0) tests run in this list's order, which
     pytest's own reordering leaves interleaved across submissions; and a process closes a group's
     runner when the next group's check comes (session.Grading._switch_to). A submission's runner
     then restarted between two of its checks: a cost, and a verdict that depended on -n (a
     replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
-    keys = [group_of(item) or ("no group", index) for index, item in enumerate(items)]
+    keys = [runner_group(item) or ("no group", index) for index, item in enumerate(items)]
     first = {}
     for index, key in enumerate(keys):
         first.setdefault(key, index)
@@ -182,8 +182,8 @@ def groups_together(items: list, group_of) -> None:
     items[:] = [items[index] for index in order]
 
 
-def memory_early(items: list, group_of) -> None:
-    """Within each group (`group_of(item)`, None for no group), the memory checks go right after
+def memory_early(items: list, runner_group) -> None:
+    """Within each group (`runner_group(item)`, None for no group), the memory checks go right after
     the group's first check of a flash case (its smallest, once smallest_case_first has run), or
     first where it has none; the distributed checks keep their places (first where a runner holds
     them: its ranks serve them one after another), the other checks their order.
@@ -194,13 +194,13 @@ def memory_early(items: list, group_of) -> None:
     case and then again on every smaller one (SubmissionRunner.call fails larger cases at once)."""
     places = {}
     for index, item in enumerate(items):
-        if (group := group_of(item)) is not None and not is_distributed(item):
+        if (group := runner_group(item)) is not None and not is_distributed(item):
             places.setdefault(group, []).append(index)
     for indices in places.values():
         members = [items[i] for i in indices]
         memory = [item for item in members if is_memory(item)]
         rest = [item for item in members if not is_memory(item)]
-        first_case = next((k for k, item in enumerate(rest) if isinstance(case_of(item), FlashCase)), -1)
+        first_case = next((k for k, item in enumerate(rest) if isinstance(flash_case(item), FlashCase)), -1)
         ordered = rest[:first_case + 1] + memory + rest[first_case + 1:]
         for index, item in zip(indices, ordered):
             items[index] = item
@@ -210,8 +210,8 @@ def is_memory(item) -> bool:
     return item.module.__name__.rsplit(".", 1)[-1] == "test_memory"
 
 
-def smallest_case_first(items: list, group_of) -> None:
-    """Within each group (`group_of(item)`, None for no group), the checks that run a flash case
+def smallest_case_first(items: list, runner_group) -> None:
+    """Within each group (`runner_group(item)`, None for no group), the checks that run a flash case
     go smallest case first, in the places those checks held; the other checks keep theirs.
 
     A runner fails at once every case no smaller than one that timed out (SubmissionRunner.call).
@@ -220,15 +220,16 @@ def smallest_case_first(items: list, group_of) -> None:
     17x17, 30 s each under tests/self's hostile rubric (and the rubric's full timeout on a GPU)."""
     places = {}
     for index, item in enumerate(items):
-        if isinstance(case_of(item), FlashCase) and (group := group_of(item)) is not None:
+        if isinstance(flash_case(item), FlashCase) and (group := runner_group(item)) is not None:
             places.setdefault(group, []).append(index)
     for indices in places.values():
-        ordered = sorted((items[i] for i in indices), key=lambda item: case_of(item).work)  # stable
+        ordered = sorted((items[i] for i in indices), key=lambda item: flash_case(item).work)  # stable
         for index, item in zip(indices, ordered):
             items[index] = item
 
 
-def case_of(item):
+def flash_case(item):
+    """The FlashCase a grading test runs (its `case` parameter), or None."""
     callspec = getattr(item, "callspec", None)
     return callspec.params.get("case") if callspec is not None else None
 

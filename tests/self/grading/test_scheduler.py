@@ -11,7 +11,7 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from grading.scheduler import GradingScheduling, case_of, case_size, later_half, spread_timing
+from grading.scheduler import GradingScheduling, case_size, later_half, shared_call, spread_timing
 
 ROOT = Path(__file__).resolve().parents[3]
 FLASH = "grading/checks/test_flash.py"
@@ -204,7 +204,8 @@ def test_a_slow_groups_tail_is_stolen_by_an_idle_worker_and_completed_there():
     assert tuple(scheduler.steals[0]) == (f"alice/{SLOW}", "gw0", "gw1", 4, 120.0)
     assert scheduler.steals[0].line() == f"spread alice/{SLOW}: 4 of its checks from gw0 to gw1 (about 120 s left)"
     stolen = sent[2]
-    assert stolen[0] == "gw1" and [case_of(scheduler.collection[i]) for i in stolen[1]] == ["case4"] * 2 + ["case5"] * 2
+    assert stolen[0] == "gw1"
+    assert [shared_call(scheduler.collection[i]) for i in stolen[1]] == ["case4"] * 2 + ["case5"] * 2
     # At 140 s gw0 is idle in turn, with two of the checks it gave queued on gw1 (40 s): it takes case 5 back.
     assert [(s.victim, s.thief, s.count) for s in scheduler.steals[1:]] == [("gw1", "gw0", 2)]
     ran_once(scheduler, nodes)
@@ -223,14 +224,14 @@ def test_forward_and_backward_of_a_case_move_together():
     assert later_half(unit, tests[2:]) == tests[4:]
     # case 1's forward is running (the victim has its reply): its backward stays with it
     assert later_half(unit, tests[3:4]) == []
-    assert case_of(f"{FLASH}::test_forward[bob-smith-pytorch-fp32-17x17-d64-full]@bob-smith/pytorch") \
+    assert shared_call(f"{FLASH}::test_forward[bob-smith-pytorch-fp32-17x17-d64-full]@bob-smith/pytorch") \
         == "pytorch-fp32-17x17-d64-full"
-    assert case_of(f"{FLASH}::test_forward[triton-bf16-113x203-d64-causal-alice]@alice/{SLOW}") \
+    assert shared_call(f"{FLASH}::test_forward[triton-bf16-113x203-d64-causal-alice]@alice/{SLOW}") \
         == "triton-bf16-113x203-d64-causal"
     # a test with no parameter but its submission shares no call with another
     ddp = "grading/checks/test_distributed.py::test_ddp_bucketing[alice]@alice"
-    assert case_of(ddp) == ddp
-    assert case_of("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"  # no group
+    assert shared_call(ddp) == ddp
+    assert shared_call("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"  # no group
 
 
 def test_a_worker_never_given_a_group_waits_to_share_one():
