@@ -28,7 +28,7 @@ from grading.durations import Durations
 from grading.results import scoring, store
 from grading.results.record import CheckRecord, points
 from grading.session import GRADING, environment
-from reporting.build import build_reports, left_out
+from reporting import build_reports
 
 CHECKS = Path(__file__).resolve().with_name("checks")
 LOG_TAILS_CHARS = 24000  # all of a submission's runner logs together, in results.json
@@ -328,7 +328,7 @@ class ControllerPlugin:
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
         members = (store.read_class(self.state.reports) or {}).get("submissions")
-        if others := left_out(self.state.reports, members):
+        if others := store.left_out(self.state.reports, members):
             terminalreporter.write_line(
                 f"its class page lists this run's submissions; {len(others)} graded into {self.state.reports} "
                 f"before {'is' if len(others) == 1 else 'are'} left out ({', '.join(others[:5])}"

@@ -149,7 +149,7 @@ def finish(args) -> int:
     """Mark the submissions of every task that did not complete, then build the pages once."""
     from grading.results import scoring, store
     from grading.rubric import Rubric
-    from reporting.build import build_reports
+    from reporting import build_reports
 
     reports = Path(args.reports).resolve()
     state = json.loads((reports / ".slurm" / "job.json").read_text())

@@ -198,7 +198,7 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
         check_rates=classstats.check_rates(everyone),
         family_rates=classstats.family_rates(everyone),
         skipped=known["skipped"] if known else [],
-        left_out=left_out(reports_dir, members),
+        left_out=store.left_out(reports_dir, members),
         upload_warnings=warnings,
     )
     _write(reports_dir / "index.html", class_page, written)
@@ -207,13 +207,6 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
     for line in warnings if warn else ():
         print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
-
-
-def left_out(reports_dir: Path, members) -> list:
-    """The submissions graded into `reports_dir` that its class leaves out (earlier runs'), by name."""
-    if members is None:
-        return []
-    return [name for name in store.graded_folders(reports_dir) if name not in members]
 
 
 def _csp_hash(script: str) -> str:

@@ -124,6 +124,14 @@ def graded_folders(reports: Path) -> list:
     return sorted({p.parent.name for pattern in ("*/info.json", "*/results.json") for p in Path(reports).glob(pattern)})
 
 
+def left_out(reports: Path, members) -> list:
+    """The submissions graded into `reports` that its class (`members`) leaves out, by name: earlier
+    runs' (None: a folder without class.json, whose class is every submission)."""
+    if members is None:
+        return []
+    return [name for name in graded_folders(reports) if name not in members]
+
+
 def write_class(reports: Path, names: list, skipped: list = (), keep_others: bool = False) -> dict:
     """Make `names` the class of `reports` (with keep_others, every submission graded into it as well);
     `skipped`: the folders a glob matched that hold no adapters file, as the run names them."""

@@ -46,6 +46,12 @@ def test_the_pages_read_only_the_results_layer():
     assert crossing("reporting", lambda name: name.startswith(("grading.results", "fa2_sandbox.wire.outcomes"))) == []
 
 
+def test_the_engine_calls_the_pages_through_their_one_entry_point():
+    """The engine builds the pages with reporting.build_reports, and uses nothing else of them."""
+    entry_point = lambda name: not name.startswith("reporting") or name == "reporting.build_reports"  # noqa: E731
+    assert crossing("grading", entry_point) == []
+
+
 def test_the_results_layer_reads_no_pages():
     results = {where: names for where, names in imports("grading").items() if where.startswith("grading/results/")}
     assert results and not [f"{w}: {n}" for w, names in results.items() for n in names if n.startswith("reporting")]
