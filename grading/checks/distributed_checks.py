@@ -1,24 +1,13 @@
 """What the distributed checks share (test_distributed.py: DDP and the sharded optimizer;
-test_fsdp.py: FSDP): the runner call that spawns the ranks, reading the ranks' records,
-comparing parameters, and the judges of what the ranks hold (pure functions, which tests/self
-tests directly).
-
-Every comparison runs on the CPU in float32 over a few training steps, hence one tolerance
-(ATOL, RTOL) for all of them.
+test_fsdp.py: FSDP): the runner call that spawns the ranks, reading the ranks' records, and the
+judges of what the ranks hold (pure functions, which tests/self tests directly). What the ranks
+are compared with, and how, is grading/baselines.py.
 """
-import contextlib
 import math
 import re
 
-import torch
-import torch.nn.functional as F
-
 from fa2_sandbox.wire import outcomes
-from fa2_sandbox.wire.training import build_model, make_batches, training_loss
-
-WORLD_SIZE = 2
-ATOL, RTOL = 1e-5, 1e-4  # float32 on the CPU, a few steps
-
+from grading.baselines import WORLD_SIZE, close, max_diff, names
 
 # -- talking to the runner --------------------------------------------------------------------
 
@@ -32,11 +21,6 @@ def distributed_call(session, submission, kind, spec, what):
     # so this is one spawn per kind and DDP flavour for each submission.
     key = ("distributed", kind, spec.get("flavour"))
     return session.call_cached(submission, key, request, timeout, what)
-
-
-def pick(tensors, scenario, rank, kind):
-    prefix = f"{scenario}/{rank}/{kind}/"
-    return {k[len(prefix):]: v for k, v in tensors.items() if k.startswith(prefix)}
 
 
 def settle_scenario(c, reply, scenario, labels=None):
@@ -79,33 +63,6 @@ def rank_error(ranks, labels):
     each = "; ".join(f"rank {r}: {short(s['message'])} ({where(s)})" for r, s in errors)
     return (f"a collective never completed (timeout or peer gone): the ranks did not issue the same "
             f"collectives in the same order. {each}.", errors[0][1].get("traceback", ""))
-
-
-@contextlib.contextmanager
-def one_thread():
-    """The ranks run with one thread each; the baselines do too, so matmuls round alike."""
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(threads)
-
-
-def close(a, b) -> bool:
-    return a.shape == b.shape and torch.allclose(a.double(), b.double(), atol=ATOL, rtol=RTOL)
-
-
-def max_diff(got: dict, want: dict):
-    """(largest absolute difference, parameter name) over the parameters of `want`."""
-    diffs = [((got[n].double() - want[n].double()).abs().max().item() if got[n].shape == want[n].shape
-              else float("inf"), n) for n in want]
-    return max(diffs) if diffs else (0.0, "")
-
-
-def names(items) -> str:
-    items = list(items)
-    return ", ".join(items[:4]) + (f" and {len(items) - 4} more" if len(items) > 4 else "")
 
 
 # -- the judges of what the ranks hold (pure functions of the records: tests/self tests them) --
@@ -245,88 +202,3 @@ def judge_bucketing(sizes: list, limit: float, calls: list):
                         f"bytes compared with bucket_size_mb itself rather than with bucket_size_mb * 1024 ** 2)."), \
                     evidence
     return None, evidence
-
-
-# -- the single-process baselines the ranks are held to -------------------------------------
-
-DDP_STEPS, DDP_BATCH, DDP_LR = 5, 8, 0.1  # the global batch; each rank gets DDP_BATCH // WORLD_SIZE rows
-
-
-def train_single(model_name, seed, data_seed, lr=DDP_LR, rows=slice(None), init=None):
-    """Single-process SGD from rank 0's initialisation (or `init`) on rows of each global batch."""
-    with one_thread():
-        model = build_model(model_name, seed)
-        if init is not None:
-            with torch.no_grad():
-                for n, p in model.named_parameters():
-                    p.copy_(init[n])
-        x, y = make_batches(model_name, data_seed, DDP_STEPS, DDP_BATCH)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for step in range(DDP_STEPS):
-            optimizer.zero_grad()
-            F.mse_loss(model(x[step, rows]), y[step, rows]).backward()
-            optimizer.step()
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def ddp_first_step_grads(model_name, seed, data_seed, rows=slice(None)):
-    with one_thread():
-        model = build_model(model_name, seed)
-        x, y = make_batches(model_name, data_seed, DDP_STEPS, DDP_BATCH)
-        F.mse_loss(model(x[0, rows]), y[0, rows]).backward()
-        return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
-
-
-FSDP_MODEL = "course"
-
-
-FSDP_STEPS, FSDP_BATCH, FSDP_LR = 3, 20, 0.01  # the official test_fsdp.py's steps, batch and SGD rate
-
-
-PRECISIONS = {"fp32": None, "fp16": "float16"}
-
-
-def cast_compute(model, dtype):
-    """Make each Linear/Embedding compute with its weight cast to `dtype` from the fp32 parameter
-    (autograd casts the gradient back), as the official tests' _apply_mixed_precision_hooks do."""
-    for layer in model.modules():
-        if isinstance(layer, torch.nn.Linear):
-            layer.forward = lambda x, m=layer: F.linear(x, m.weight.to(dtype))
-        elif isinstance(layer, torch.nn.Embedding):
-            layer.forward = lambda x, m=layer: F.embedding(x, m.weight.to(dtype), m.padding_idx)
-
-
-def train_baseline(session, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice(None)):
-    """Single-process SGD on rows of each global batch, computing in `dtype` (None: fp32)."""
-    with one_thread():
-        model = build_model(FSDP_MODEL, session.seed)
-        if dtype is not None:
-            cast_compute(model, getattr(torch, dtype))
-        x, y = make_batches(FSDP_MODEL, session.seed + 3, FSDP_STEPS, FSDP_BATCH)
-        optimizer = torch.optim.SGD(model.parameters(), lr=lr)
-        for step in range(steps):
-            optimizer.zero_grad()
-            training_loss(FSDP_MODEL, model(x[step, rows]), y[step, rows]).backward()
-            optimizer.step()
-        return {n: p.detach().clone() for n, p in model.named_parameters()}
-
-
-def initial_params(session):
-    return {n: p.detach().clone() for n, p in build_model(FSDP_MODEL, session.seed).named_parameters()}
-
-
-def by_original_name(got: dict, want: dict) -> dict:
-    """got renamed to want's names: exact, or a unique key ending in ".<name>" (a wrapper prefix)."""
-    out = {}
-    for n in want:
-        if n in got:
-            out[n] = got[n]
-        elif len(found := [k for k in got if k.endswith("." + n)]) == 1:
-            out[n] = got[found[0]]
-    return out
-
-
-def fsdp_first_step_grads(session, dtype, rows=slice(None)):
-    """The gradient SGD used in the first step, read off the parameters: (p0 - p1) / lr."""
-    init, after = initial_params(session), train_baseline(session, dtype, steps=1, rows=rows)
-    return {n: (init[n] - after[n]) / FSDP_LR for n in init}

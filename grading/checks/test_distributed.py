@@ -26,7 +26,7 @@ parameters alone, as the official tests judge it.
 
 One spawn per DDP flavour (all its models) and one for all the sharded scenarios, shared
 between the checks (distributed_checks.distributed_call). Helpers the FSDP checks use too live
-in grading/checks/distributed_checks.py.
+in grading/checks/distributed_checks.py, and the single-process baselines in grading/baselines.py.
 """
 
 import pytest
@@ -35,24 +35,26 @@ import torch.nn.functional as F
 
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches
-from grading.checks.distributed_checks import (
+from grading.baselines import (
     DDP_BATCH,
     DDP_LR,
     DDP_STEPS,
     WORLD_SIZE,
     close,
+    max_diff,
+    names,
+    one_thread,
+    pick,
+    train_single,
+)
+from grading.checks.distributed_checks import (
     distributed_call,
     judge_bucketing,
     judge_buffers,
     judge_state_balanced,
     judge_state_sharded,
-    max_diff,
-    names,
-    one_thread,
-    pick,
     settle_scenario,
     state_unmeasured,
-    train_single,
 )
 from grading.diagnoses.ddp import explain_ddp
 from grading.shards import DISTRIBUTED, Shard

@@ -12,7 +12,7 @@ wrapping, after the first step and at the end, plus the size and dtypes of param
 process trains the same model (fa2_sandbox/wire/toy_models.py's twin of the course's layers,
 with the same weights) on the full batches and judges.
 
-fp32: the data-parallel argument of test_distributed.py, so DDP's tolerance (distributed_checks: atol 1e-5).
+fp32: the data-parallel argument of test_distributed.py, so DDP's tolerance (grading/baselines.py: atol 1e-5).
 
 fp16 compute: the baseline is single-process training with the same casting (each Linear's and
 the Embedding's weight cast to float16 as the official tests' hooks do; the activations follow,
@@ -41,7 +41,7 @@ import pytest
 import torch
 
 from fa2_sandbox.wire.training import build_model
-from grading.checks.distributed_checks import (
+from grading.baselines import (
     FSDP_BATCH,
     FSDP_LR,
     FSDP_MODEL,
@@ -50,13 +50,12 @@ from grading.checks.distributed_checks import (
     WORLD_SIZE,
     by_original_name,
     close,
-    distributed_call,
     max_diff,
     names,
     pick,
-    settle_scenario,
     train_baseline,
 )
+from grading.checks.distributed_checks import distributed_call, settle_scenario
 from grading.diagnoses.fsdp import explain
 from grading.shards import DISTRIBUTED, Shard
 

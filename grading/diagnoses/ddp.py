@@ -1,7 +1,7 @@
 """Why a DDP wrapper's ranks did not end where single-process training ends: one sentence, from
 what the ranks held at each step (grading/checks/test_distributed.py asks)."""
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model
-from grading.checks.distributed_checks import (
+from grading.baselines import (
     DDP_BATCH,
     DDP_LR,
     DDP_STEPS,

@@ -2,7 +2,7 @@
 from what the ranks held after the first step and at the end (grading/checks/test_fsdp.py asks)."""
 import torch
 
-from grading.checks.distributed_checks import (
+from grading.baselines import (
     ATOL,
     FSDP_BATCH,
     FSDP_LR,

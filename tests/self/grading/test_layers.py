@@ -6,6 +6,9 @@
     grading      the engine: the sandbox, the references, its results layer (grading/results)
     reporting    the pages: the results layer only, never the rest of the engine
 
+and inside the engine, the checks ask the diagnoses for a sentence, never the reverse: both hold
+the ranks to grading/baselines.py, which imports nothing of the engine.
+
 Read from the source with ast, so an import inside a function counts too."""
 import ast
 from pathlib import Path
@@ -55,3 +58,29 @@ def test_the_engine_calls_the_pages_through_their_one_entry_point():
 def test_the_results_layer_reads_no_pages():
     results = {where: names for where, names in imports("grading").items() if where.startswith("grading/results/")}
     assert results and not [f"{w}: {n}" for w, names in results.items() for n in names if n.startswith("reporting")]
+
+
+def engine_imports(prefix: str) -> dict:
+    """{module file under grading/`prefix`: the grading modules it imports}."""
+    return {where: {name for name in names if name.startswith("grading.")}
+            for where, names in imports("grading").items() if where.startswith(f"grading/{prefix}")}
+
+
+def test_the_diagnoses_read_the_baselines_not_the_checks():
+    found = engine_imports("diagnoses/")
+    assert found and [f"{w}: {n}" for w, names in found.items() for n in sorted(names)
+                      if not n.startswith(("grading.baselines", "grading.diagnoses"))] == []
+
+
+def test_the_baselines_import_nothing_of_the_engine():
+    assert engine_imports("baselines.py") == {"grading/baselines.py": set()}
+
+
+def test_the_checks_use_the_engine_below_them_never_its_plugins():
+    """A check reaches its session through the `session` fixture, never by importing the plugins'
+    modules: the checks are the engine's leaves."""
+    below = ("grading.checks", "grading.diagnoses", "grading.baselines", "grading.matrix", "grading.shards",
+             "grading.check", "grading.results")
+    found = engine_imports("checks/")
+    assert found and [f"{w}: {n}" for w, names in found.items() for n in sorted(names)
+                      if not n.startswith(below)] == []
