@@ -39,15 +39,8 @@ import pytest
 from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
-from tests.self.fa2_sandbox.test_hostile import (
-    HOSTILE,
-    REQUEST,
-    TEST_MARK,
-    children_holding_memory,
-    kill_orphans,
-    make_submission,
-    orphans,
-)
+from tests.self.fa2_sandbox.test_hostile import HOSTILE, TEST_MARK, kill_orphans, orphans
+from tests.self.fa2_sandbox.test_runner_guarantees import REQUEST, children_holding_memory, make_submission
 
 NOBODY = 65534
 
