@@ -1,11 +1,15 @@
-"""The grading plugin's hooks, run in this process with pytester (as pytest-xdist tests its own):
+"""The grading plugins' hooks, run in this process with pytester (as pytest-xdist tests its own):
 a run that collects no check stops with exit status 4 and writes no report; -k regrades part of
 a submission and keeps the other checks' results; --lf reruns only what failed and keeps what
-passed. The runners are still real subprocesses (the sandbox), the pytest session is not.
+passed; a test the grader's own code broke runs once more and is then a grader error, in the
+test or in its setup; -x leaves a submission incomplete. The runners are still real subprocesses
+(the sandbox), the pytest session is not.
 
 Each run takes the grader's own settings (`-c`, `--rootdir`), as grading/pytest_plugin.py would
 restart it with, so the plugin has no reason to start the run again in a new process."""
+import csv
 import json
+from collections import Counter
 
 import pytest
 from _pytest import pytester as pytester_module
@@ -157,6 +161,84 @@ def test_last_failed_reruns_only_the_failures_and_keeps_the_rest(pytester):
     result.assert_outcomes(failed=1)  # the failure alone, graded again
     assert checks(reports, "reference") == {"flash_pytorch::forward[fp32-128x128-d64-full]": "passed"}
     assert checks(reports, "no_softmax_scale") == {"flash_pytorch::forward[fp32-128x128-d64-full]": "failed"}
+
+
+# -- a test the grader's own code broke: run once more, then a grader error --------------------
+
+PYTORCH_COURSE = "pytorch and 128x128 and not replay"  # the PyTorch class's course forward and backward
+
+
+def test_a_grader_error_runs_the_test_once_more_then_is_recorded_unscored(pytester, monkeypatch):
+    """The oracle comparison (test_flash.judge) raises twice in the forward check, a grader bug, and
+    once in the backward, a flaky one: the backward passes on its second run and keeps the first
+    error for staff; the forward is a grader error, with both attempts, neither passed nor failed,
+    and the submission is incomplete. test_grader_errors.py follows such a run through regrades."""
+    from grading.checks import test_flash
+
+    judge, raised = test_flash.judge, Counter()
+
+    def breaking(check, *args, **kwargs):
+        raised[check.record.check] += 1
+        if raised[check.record.check] <= {"forward": 2, "backward": 1}[check.record.check]:
+            raise KeyError(f"oracle broke ({raised[check.record.check]})")
+        return judge(check, *args, **kwargs)
+
+    monkeypatch.setattr(test_flash, "judge", breaking)
+    result, reports = grade(pytester, f"--impl={REFERENCE}", "-k", PYTORCH_COURSE)
+    assert result.ret == 1, result.stdout.str()[-2000:]
+    results = json.loads((reports / "reference" / "results.json").read_text())
+    tests = {t["name"].split("::", 1)[1]: t for t in results["tests"]}
+    forward = tests["flash_pytorch::forward[fp32-128x128-d64-full]"]
+    backward = tests["flash_pytorch::backward[fp32-128x128-d64-full]"]
+    assert forward["extra_data"]["outcome"] == "grader_error" and "status" not in forward
+    assert [a.split(" at ")[0] for a in forward["extra_data"]["attempts"]] == \
+        ["KeyError: 'oracle broke (1)'", "KeyError: 'oracle broke (2)'"]
+    assert backward["status"] == "passed" and "oracle broke (1)" in backward["extra_data"]["retried_after"]
+    assert raised == {"forward": 2, "backward": 2}
+    assert results["extra_data"]["incomplete"] is True
+
+
+SETUP_FAILS = """
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def broken_fixture(request):
+    if request.node.name.startswith("test_backward"):
+        raise RuntimeError("fixture broke")
+"""
+
+
+def test_a_grader_error_in_setup_is_recorded_too(pytester):
+    """A fixture of the grader's that fails: no check was made, a stand-in record says why."""
+    pytester.makepyfile(broken_fixture_plugin=SETUP_FAILS)
+    pytester.syspathinsert()
+    result, reports = grade(pytester, f"--impl={REFERENCE}", "-k", PYTORCH_COURSE, "-p", "broken_fixture_plugin")
+    assert result.ret == 1, result.stdout.str()[-2000:]
+    results = json.loads((reports / "reference" / "results.json").read_text())
+    tests = {t["name"].split("::", 1)[1]: t for t in results["tests"]}
+    assert tests["flash_pytorch::forward[fp32-128x128-d64-full]"]["status"] == "passed"
+    stand_in = tests["grader::test_backward[pytorch-fp32-128x128-d64-full]"]
+    assert stand_in["extra_data"]["outcome"] == "grader_error" and stand_in["max_score"] == 0
+    assert "RuntimeError: fixture broke at " in stand_in["output"] and "(in setup)" in stand_in["output"]
+    assert "grader" not in results["extra_data"]["parts"]
+    assert results["extra_data"]["incomplete"] is True and results["output"].startswith("incomplete: 1 of ")
+
+
+def test_a_run_stopped_by_x_is_incomplete(pytester):
+    """no_softmax_scale fails its first check; -x stops there: not "0 / 2, 1 of 1 checks failed"."""
+    result, reports = grade(pytester, f"--impl={WRONG}", "-x", "-k", PYTORCH_COURSE)
+    assert result.ret == 1
+    result.stdout.fnmatch_lines(["*stopping after 1 failures*"])
+    results = json.loads((reports / "no_softmax_scale" / "results.json").read_text())
+    assert len(results["tests"]) == 1 and results["tests"][0]["status"] == "failed"  # a student failure
+    extra = results["extra_data"]
+    assert extra["incomplete"] is True and extra["checks_graded"] == 1
+    assert results["output"].startswith(f"incomplete: 1 of {extra['checks_expected']} checks graded")
+    never = [u["nodeid"] for u in extra["ungraded"] if u["name"] is None]
+    assert any("test_backward" in n and "no_softmax_scale-pytorch-fp32-128x128-d64-full" in n for n in never)
+    with open(reports / "grades.csv", newline="") as f:
+        assert next(csv.DictReader(f))["state"] == "incomplete"
 
 
 KEPT = ("torch", "triton", "numpy", "sympy", "grading", "fa2_sandbox", "reference", "reporting")
