@@ -90,8 +90,9 @@ def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, rese
     It first reserves `reserve` bytes (default: the whole budget): what the call needs unless the
     class holds N x N matrices, which the budget allows but few classes use (a dense backward:
     16 of the 19 GiB at the timing shape). Reserving the whole budget for every call kept the GPU
-    half idle: in a corpus class the timing warm-ups' 19 GiB each filled the ledger (41 of 47 GiB
-    held with 12 calls queued behind them) while the card's memory never passed 57 of 80 GiB.
+    half idle: in a corpus class the timing warm-ups' whole budgets filled the ledger, calls queued
+    behind them, while the card's memory stayed far from full (notes/grading-speed.md, "timing
+    windows pause the others", its run1).
     `runner()` names the runner's processes, which a timing window may pause meanwhile
     (gpu_ledger.py), and `holding` says for how long.
 

@@ -1,9 +1,10 @@
 """Admission to a shared GPU: memory reservations, and timing windows that pause the others.
 
 A class graded with `-n 16` on one GPU runs 16 workers, each with its runners, on one card. Left
-alone they crowd it: in one class run about 60 processes filled an 80 GB H100, checks of correct
+alone they crowd it: in a class run the processes filled the card's memory, checks of correct
 submissions were recorded as the students' out-of-memory crashes, and SDPA's own time for one case
-ranged from 1.4 to 33 ms with the neighbours' kernels. So GPU memory and GPU time are scheduled:
+varied many-fold with the neighbours' kernels (notes/grading-speed.md, "the corpus class on one
+H100; GPU memory and time scheduled"). So GPU memory and GPU time are scheduled:
 
 - Every runner call on a GPU first reserves what its case may need (client.py asks for
   `gpu_budget_bytes`), and runs only when the ledger has room for it; the runner is held to that
@@ -18,7 +19,8 @@ ranged from 1.4 to 33 ms with the neighbours' kernels. So GPU memory and GPU tim
   memory (paused runners keep theirs) and for the kernels already in flight (`wait_for_idle_gpu`).
   A reservation spans a whole runner call, compiling and autotuning included, so a window that
   waited for every holder to finish starved: in a class run windows waited behind one student's
-  compile while the GPU sat idle, and most timing checks never ran (issue 32, notes/grading-speed.md).
+  compile while the GPU sat idle, and most timing checks never ran (issue 32; notes/grading-speed.md,
+  "First try, and why it was wrong").
 - `alone` takes the GPU when no one holds any of it, for a call that found the device full of
   others' memory: pausing frees no memory, so it waits for the holders to finish.
 - Calls made inside a window or `alone` that this process holds (the timed calls) pass straight in.
@@ -48,7 +50,8 @@ GIB = 1 << 30
 # What each process on a GPU holds outside any reservation: its CUDA context, cuBLAS's workspace,
 # loaded kernels and, in a worker, its cached oracles. A worker brings itself and its student's
 # runner, and once it has graded a timing check the reference's runner too (test_timing.py keeps
-# it): two per worker is an estimate, and the corpus class peaked at 43 GiB of 80 with it.
+# it): two per worker is an estimate, and the corpus class stayed well inside the card with it
+# (notes/grading-speed.md, "timing windows pause the others", its GPU memory column).
 CONTEXT_BYTES = 3 * GIB // 4
 PROCESSES_PER_WORKER = 2
 MIN_CAPACITY_SHARE = 0.25  # however many workers share it, reservations may use this much of a GPU

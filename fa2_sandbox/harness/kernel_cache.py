@@ -19,7 +19,8 @@ wrote it. Triton keys entries by the kernel's source and the compiler, so a chan
 misses the cache instead of reading a stale one. A compiled kernel is a group of files whose
 index (`__grp__<name>.json`) holds their absolute paths, which name the last runner's scratch
 folder; bring_in points them at the new folder, or Triton finds them gone and compiles again
-(it did, in every runner, until this was measured on an H100: notes/grading-speed.md). Only
+(it did, in every runner, until this was measured: notes/grading-speed.md, "Kept kernels were
+compiled again by every runner"). Only
 regular files with one link are copied back (never a link, a device or a hard link to a file
 elsewhere), each under MAX_FILE bytes and MAX_TOTAL in all, and each is written whole (a
 temporary file, then a rename), so two runners of one submission finishing at once leave one

@@ -184,7 +184,7 @@ class ScratchFolder:
             env["GLOO_SOCKET_IFNAME"] = "lo"
         # torch.compile's default is a pool of one compile process per core in every runner: with a
         # runner per core that is cores^2 processes, and the pool's memory counts against the
-        # runner's limit (6.7 GiB at N=128 on the 16-core H100 host, where the limit was 6.3 GiB).
+        # runner's limit, which it pushed runners over (notes/corpus-class.md, "The compile fixes").
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         env.update(overrides)
         return env

@@ -1,10 +1,10 @@
 """One isolation probe per grading run, not one per pytest-xdist worker.
 
 confinement.isolation() starts a confined interpreter that imports torch and touches the GPU:
-seconds (notes/grading-speed.md), paid by every worker before its first runner starts, so on the
-critical path of every run, with a probe per worker competing for the cores. Instead the
-controller probes once, in a thread, while its workers start and collect, and writes what it
-found to a file each worker reads before its first runner.
+seconds (notes/grading-speed.md, "the kept kernels were never found"), paid by every worker before
+its first runner starts, so on the critical path of every run, with a probe per worker competing
+for the cores. Instead the controller probes once, in a thread, while its workers start and
+collect, and writes what it found to a file each worker reads before its first runner.
 
 A worker takes the controller's answer only for the same question: the same host, user,
 GRADER_SANDBOX, scratch parent and memory limit (confinement.isolation's key). Otherwise, or if the controller's probe
@@ -19,7 +19,7 @@ from pathlib import Path
 
 from fa2_sandbox.harness import confinement
 
-WAIT_S = 600.0  # the probe tries up to 8 launch modes with a 180 s timeout each; usually 10 s
+WAIT_S = 600.0  # the probe tries several launch modes, each under its own timeout; it usually answers in seconds
 
 
 def question(scratch_parent: str, data_limit: int) -> dict:

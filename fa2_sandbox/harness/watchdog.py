@@ -99,10 +99,10 @@ TIMED_NICE = -10
 def ahead_of_the_others(pids: list):
     """For the block, every thread of the processes `pids` runs at TIMED_NICE; yields how many
     threads were raised (0 where this user may not raise them: only root may). A timing window
-    pauses the other runners' GPU calls, not their CPU work: with 16 runners keeping 16 cores busy,
-    a timed runner that waited for a core between two launches read 3 times its own time (the
-    reference 5.0 ms a pass where it reads 1.6 ms, while SDPA, timed on the GPU by events, read its
-    idle time)."""
+    pauses the other runners' GPU calls, not their CPU work: with a runner per core keeping every
+    core busy, a timed runner that waited for a core between two launches read several times its
+    own time, while SDPA, timed on the GPU by events, read its idle time (notes/grading-speed.md,
+    "Ratios, the Triton budget")."""
     before = {}
     for pid in pids:
         try:

@@ -165,9 +165,10 @@ def cuda_broken(exc: BaseException) -> bool:
 # recompile_limit (8) graphs of one function it raises FailOnRecompileLimitHit: in a runner that
 # serves a slot's ~80 cases every case after the eighth shape failed, where the course runs each
 # test in a fresh process and the case passed. Raised, not reset between cases: a compiled
-# backward's shapes took about twice as long to compile with torch._dynamo.reset() before each (a
-# reset drops inductor's in-memory caches too, and a case seen again compiles again), while a
-# hundred cached graphs of one function added no time to a call beyond the machine's noise.
+# backward's shapes took much longer to compile with torch._dynamo.reset() before each (a reset
+# drops inductor's in-memory caches too, and a case seen again compiles again; notes/corpus-class.md,
+# "The compile fixes"), while many cached graphs of one function added no time to a call beyond
+# the machine's noise.
 RECOMPILE_LIMIT = 10_000
 
 
