@@ -29,7 +29,7 @@ from grading.results import scoring, store
 from grading.results.record import CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
 from reporting import build_reports
-from tests.self.reporting.test_reports import table_rows
+from tests.self.reporting.pages import table_rows
 
 ROOT = Path(__file__).resolve().parents[3]
 FORWARD = "reference::flash_pytorch::forward[fp32-128x128-d64-full]"

@@ -20,7 +20,7 @@ import pytest
 
 from reporting import build_reports
 
-from .test_reports import FIXTURES, NAMES, PARTS, fixture_json, table_rows
+from .pages import FIXTURES, NAMES, PARTS, fixture_json, table_rows
 
 CHROMIUM = shutil.which("chromium") or shutil.which("chromium-browser")
 pytestmark = pytest.mark.skipif(CHROMIUM is None, reason="chromium is not installed "
