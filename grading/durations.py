@@ -52,7 +52,7 @@ class Durations:
               ("reports written", "scoring and writing reports"))
 
     def wall_clock(self) -> str:
-        """'wall clock 447 s: 12 s until the first result, 373 s of checks, ...'."""
+        """'wall clock W s: A s until the first result, B s of checks, ...' (each phase's seconds)."""
         parts, since = [], self.marks["started"]
         for mark, what in self.PHASES:
             if mark in self.marks:
@@ -80,6 +80,6 @@ class Durations:
         return lines + [self.wall_clock()]
 
     def timing_windows(self) -> str:
-        """'timing windows: 40, the longest paused the other runners 2.1 s, all together 61.0 s'."""
+        """'timing windows: N, the longest paused the other runners L s, all together T s'."""
         return (f"timing windows: {len(self.windows)}, the longest paused the other runners {max(self.windows):.1f} s, "
                 f"all together {sum(self.windows):.1f} s")

@@ -1,7 +1,8 @@
 """How a class's checks go to xdist workers: loadgroup, with timing spread out and a slow group shared.
 
 xdist's loadgroup gives each group (a submission's shard, grading/shards.py) whole to one worker, in
-collection order. On an H100 with 16 workers and a class of 20 real repos, two things went wrong:
+collection order. In a class of real repos on one GPU, a worker per core, two things went wrong
+(notes/grading-speed.md, "timing windows pause the others; timing spread and slow groups shared"):
 
 - One slow group held up the class. A Triton kernel that autotunes on every shape, or a
   torch.compile'd PyTorch slot, ran for many minutes on one worker while the others sat idle after

@@ -3,7 +3,7 @@
 Under xdist a submission's tests go to workers by group (`--dist loadgroup`), and each worker
 holds one runner per group. With one group per submission, a submission is graded by one
 process: a correct Triton kernel compiles and autotunes for every case, one case after another,
-and one submission took many minutes on an H100 (notes/grading-speed.md).
+and one submission took many minutes (notes/grading-speed.md, "one runner per submission").
 So a submission's tests are split into shards that share nothing but the student's code:
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
@@ -23,7 +23,8 @@ So a submission's tests are split into shards that share nothing but the student
 A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
 would start a runner per shard only to learn that it is not attempted. Without a GPU, without
 xdist or with one worker there is one shard per submission: there is no compiling to spread,
-and each shard would add a runner start (on a 2-core CPU the reference took half as long again).
+and each shard would add a runner start, which made the reference slower on a CPU of few cores
+(notes/grading-speed.md, "A submission spreads over the workers").
 
 A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").
@@ -52,8 +53,8 @@ class Kind:
 # slot, tried on the corpus class (one H200, -n 16), recorded fewer checks, finished fewer
 # submissions and cut more advice checks: every submission's compiling and autotuning at once made
 # each slower, the Triton checks used up the submissions' time limits first, and the slow PyTorch
-# slots (a tiled loop under torch.compile) came last (notes/grading-speed.md, 2026-11-28, fifth
-# session). Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them
+# slots (a tiled loop under torch.compile) came last (notes/grading-speed.md, "The Triton shards
+# first"). Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them
 # through the run, a few at a time per GPU: their measured windows pause the others' GPU calls
 # (gpu_ledger.py), and handed out together at the end they queued behind each other.
 KINDS = {
@@ -157,10 +158,10 @@ def per_kernel_shards(submissions: int, workers: int) -> bool:
     kernels compile on every worker at once, but each shard starts a runner (seconds of a core:
     Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. Where the
     Triton shards by (dtype, causal flag) already fill the workers, the starts are the CPU's cost
-    and nothing is gained: the corpus class of 21 on a 2-GPU host (-n 32) split per kernel made
-    354 groups instead of 189 and ran CPU-bound (92% of 32 cores), its runner starts taking
-    2845 s of 400 where one GPU's 16 workers spent 1135 s of 550; it had recorded fewer checks at
-    400 s than one GPU (notes/grading-speed.md, 2026-11-28, fifth session). So a submission is
+    and nothing is gained: the corpus class on a 2-GPU host, split per kernel, made many more
+    groups and ran CPU-bound, its runner starts taking more core time than one GPU's workers
+    spent on theirs in a whole run, and it recorded fewer checks than one GPU by the same time
+    (notes/grading-speed.md, "A shard per Triton kernel on two GPUs"). So a submission is
     spread that thin only while its class's (dtype, causal) shards would leave workers idle."""
     return submissions * KERNEL_FAMILIES < workers
 
@@ -217,7 +218,7 @@ def smallest_case_first(items: list, runner_group) -> None:
     A runner fails at once every case no smaller than one that timed out (SubmissionRunner.call).
     Smallest first, a submission that hangs waits out one timeout per slot, not one per size: in
     collection order its PyTorch slot timed out on 128x128, then the 1024x1024 hygiene case, then
-    17x17, 30 s each under tests/self's hostile rubric (and the rubric's full timeout on a GPU)."""
+    17x17, a timeout each (tests/self's hostile rubric's, and the rubric's full timeout on a GPU)."""
     places = {}
     for index, item in enumerate(items):
         if isinstance(flash_case(item), FlashCase) and (group := runner_group(item)) is not None:

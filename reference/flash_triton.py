@@ -104,9 +104,9 @@ def _prune_configs(configs, named_args, kernel, **kwargs):
 
 # Pinned configs: the grading timing budget's case, on the kind of GPU it was chosen on, keeps the
 # config an idle GPU's autotuner chose (bench/pin_reference_configs.py writes pinned_configs.json).
-# When every grading worker autotuned its own reference beside fifteen busy runners, the choice
-# varied, and so did the reference's time: 1.25 ms in one class run, 1.57 ms in another, with SDPA
-# the same in both (notes/grading-speed.md).
+# When every grading worker autotuned its own reference beside the other busy runners, the choice
+# varied, and so did the reference's time from one class run to another, with SDPA the same in
+# both (notes/grading-speed.md, "The reference was autotuned under load, in every worker").
 PINNED_FILE = Path(__file__).with_name("pinned_configs.json")
 PINNED = json.loads(PINNED_FILE.read_text()) if PINNED_FILE.exists() else {}
 

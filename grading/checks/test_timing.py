@@ -115,13 +115,13 @@ def test_budget(session, submission, check, slot):
     budget = session.rubric.budgets[f"flash_{slot}"]
     case = FlashCase(batch=(budget["batch"],), n_queries=budget["n"], n_keys=budget["n"], head_dim=budget["d"],
                      dtype=budget["dtype"], is_causal=budget["causal"])
-    # The warm-up gets what the runners' start and import left of the limit: in a run of 16
-    # timing checks at once, a start, an import and a warm-up of 120 s each held a worker and the
-    # check queued behind it for over 200 s (notes/grading-speed.md, 2026-11-28, second session).
+    # The warm-up gets what the runners' start and import left of the limit: in a run of many
+    # timing checks at once, a start, an import and a warm-up each given the whole limit held a worker
+    # and the check queued behind it well past that limit (notes/grading-speed.md, "The timing-only run").
     began = time.monotonic()
     # Both runners start in this thread (a runner dies with the thread that started it: launcher.py's
     # PR_SET_PDEATHSIG), and side by side: the reference's is launched before check() starts the
-    # student's. One after the other, two starts on a busy CPU took half a minute of the limit.
+    # student's. One after the other, two starts on a busy CPU took a large share of the limit.
     reference = reference_runner(session) if session.on_gpu else None
     if reference is not None and reference.process is None:
         reference.launch()
@@ -152,7 +152,8 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
     student, reference = runners
     # The student's warm-up ends `timeout` after the check began, whatever held it (its start, a
     # wait for the GPU, other checks' timing windows): credited with the windows' pauses, a cold
-    # warm-up among 16 at a time ran past 200 s and held its worker's next check behind it. The
+    # warm-up among many at a time ran far past the limit and held its worker's next check behind it
+    # (notes/grading-speed.md, "The stall of a timing-only run, named and gone"). The
     # reference's own warm-up keeps the whole limit (its slowness is the grader's, never the student's).
     until = began + timeout
     warm_s = max(1.0, until - time.monotonic())

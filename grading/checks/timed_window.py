@@ -3,9 +3,9 @@ window of the GPU's time whose length does not depend on the student's speed.
 
 A window pauses every other runner on the GPU (gpu_ledger.py), so its length is what the class
 pays. Measured as 5 runner calls of 13 passes for the student, then the reference, the windows of
-a class run lasted 65 times the student's pass (a minute or more for a slow kernel), and drawing
+a class run lasted 65 times the student's pass (long, for a slow kernel), and drawing
 inputs and writing outputs inside them left the GPU idle most of that time
-(notes/grading-speed.md). Now:
+(notes/grading-speed.md, "A window lasted as long as the student and held everyone"). Now:
 
 - Outside the window, nothing is paused. Each side compiles, autotunes and warms up (runner op
   warm_timing), then draws the inputs of every pass it may run (prepare_timing): MAX_PASSES for
@@ -18,16 +18,16 @@ inputs and writing outputs inside them left the GPU idle most of that time
      EARLY_MIN_MS long is a verdict no noise could change, so nothing more runs. A shorter one is
      not decided alone (its other passes hold the window at most MAX_PASSES x EARLY_MIN_MS, and
      the deadline bounds them): a pass synchronized by itself at a window's start is not the
-     kernel's time. On a 2-GPU host (notes/grading-speed.md, 2026-11-28, fifth session) one
-     first pass read 156 ms where the same kernel's passes read 2.5 ms in every other run, the
-     reference reading 9 to 10 ms beside it: decided at once, it failed a kernel within the
-     budget. Earlier, on a busy CPU, first passes read 0.95 to 3.6 times the same kernel's
-     later passes (third session);
+     kernel's time. On a 2-GPU host one first pass read many times what the same kernel's
+     passes read in every other run, the reference reading several times its own time beside it:
+     decided at once, it failed a kernel within the budget (notes/grading-speed.md, "A false
+     failure, and its fix"). Earlier, on a busy CPU, first passes read up to several times the
+     same kernel's later passes (notes/grading-speed.md, "The first pass is a poor witness");
   3. the rest of the student's passes, as many as that first pass says fit, synchronized in three
      stretches (see `fastest` for which is the student's time). Between two synchronizes the
      passes queue on the device as in a training loop, so each pass's Python and launches overlap
-     the kernels before it; synchronized one by one, the reference read 2.5 ms a pass in a class
-     run against 1.7 ms in do_bench;
+     the kernels before it; synchronized one by one, the reference read well over its do_bench
+     time in a class run (notes/grading-speed.md, "Call 2 timed every pass synchronized alone");
   4. the reference's passes again, so the two rounds bracket the student's (each round in two
      stretches), if the time left holds them.
   The student's calls may last only until the window's deadline, less RESERVE_S. A pass still
@@ -39,10 +39,10 @@ The reference's configs at the timing case are fixed (reference/flash_triton.py 
 time in one window is its time in every other: no autotune run under load picks it.
 
 A stretch's time holds what its ends cost: the synchronize, the phase message's way from the
-runner to the grader on a CPU that a class keeps 95% busy, the first launch. In stretches of 3
-passes the reference read 1.9 to 3.9 ms in the windows of three runs (1.68 ms in do_bench on
-the idle GPU) while SDPA, timed in the same windows with CUDA events, read its idle time
-(notes/grading-speed.md, 2026-11-28). So the reference's stretches are REFERENCE_STRETCH passes
+runner to the grader on a CPU that a class keeps nearly all busy, the first launch. In short
+stretches the reference read well over its do_bench time on the idle GPU while SDPA, timed in
+the same windows with CUDA events, read its idle time (notes/grading-speed.md, "The reference's
+reading, and the fix"). So the reference's stretches are REFERENCE_STRETCH passes
 long, cycling over the REFERENCE_INPUTS it prepared: it is the grader's own code, which caches
 nothing, so its time does not depend on seeing an input twice. The student's passes keep an
 input each, never seen before: a class that remembered one could answer a second time for free.
@@ -57,11 +57,11 @@ RESERVE_S = 0.5  # what the window keeps after the student's passes: the referen
 SDPA_S = 0.15  # SDPA's peer figure (test_timing.py), its inputs drawn and its kernels loaded before
 REFERENCE_GRACE_S = 10.0  # how far past the deadline a reference call may run before it is stopped
 MAX_PASSES = 12  # the student's (each holds its inputs on the GPU until it runs: 128 MiB at the timing case)
-REFERENCE_STRETCH = 12  # the reference's passes per stretch: its ends cost ~1 ms under load, 1.7 ms a pass
-REFERENCE_PASSES = 2 * REFERENCE_STRETCH  # per round, timed in two stretches (about 40 ms at the timing case)
+REFERENCE_STRETCH = 12  # the reference's passes per stretch: enough that the stretch's ends weigh little
+REFERENCE_PASSES = 2 * REFERENCE_STRETCH  # per round, timed in two stretches
 REFERENCE_INPUTS = 6  # prepared by the reference and cycled over by its passes
 DECIDED = 2.0  # a first pass this many times over the budget, and EARLY_MIN_MS long, fails it at once
-EARLY_MIN_MS = 500.0  # three times the longest disturbance of a first pass seen (156 ms for a 2.5 ms kernel)
+EARLY_MIN_MS = 500.0  # about three times the longest disturbance of a first pass seen ("A false failure")
 
 
 def timed_seeds(seed: int, count: int) -> list:
@@ -87,12 +87,11 @@ def stretches(passes: int, count: int) -> int:
 def fastest(values: list) -> float:
     """A side's time: its fastest stretch. What disturbs a stretch in a class run (a paused
     runner's kernel still on the GPU, a launch or a stamp late on a busy CPU) only ever slows it,
-    and the reference's first stretch after the window's idle wait reads about a tenth slower
-    than its others. In two class runs on one H200 (notes/grading-speed.md, 2026-11-28, fifth
-    session) the medians read one reference at 2.6 ms (18 ms in its first stretch) against
-    1.6 ms, and the ratios of 3 of 11 kernels moved over 5% between the runs; the fastest
-    stretches moved 10 of 11 by 3% at most. The student's side is judged the same way, which can
-    only favour it."""
+    and the reference's first stretch after the window's idle wait reads slower than its others.
+    Between two class runs the medians of the stretches moved the ratios more than the fastest
+    stretches did: a window's disturbed stretches were enough to move its median
+    (notes/grading-speed.md, "The reference's reading, and the ratios"). The student's side is
+    judged the same way, which can only favour it."""
     return min(values)
 
 
