@@ -12,7 +12,8 @@ and so how far apart two trainings end all come from the seed. The grader draws 
 (or takes --seed), so a known-bad example must fail under every seed, and the reference pass.
 
 Each submission gets one runner whose ranks are kept from one seed to the next (RankPool), so a
-seed costs its spawns' training and this process's baselines: about a second a check on a CPU.
+seed costs its spawns' training and this process's baselines (notes/distributed-seed-sweep.md,
+"The command", says what that came to on a CPU).
 Only requirement checks are swept (advice, "beyond the handout", is left out), and only the
 distributed parts, where one seed costs seconds. Exits 1 if any check gave the wrong verdict
 under any seed. notes/distributed-seed-sweep.md has the results.

@@ -57,7 +57,8 @@ def fresh_caches(out: Path) -> dict:
     caches = out / "caches"
     shutil.rmtree(caches, ignore_errors=True)
     # Not TORCHINDUCTOR_CACHE_DIR: runners keep that variable (scratch.py ENV_KEEP) but cannot reach
-    # a folder of the grader's, so torch.compile failed in them (the corpus run of 2026-11-26); a
+    # a folder of the grader's, so torch.compile failed in them (notes/grading-speed.md, "Fresh
+    # caches without the inductor's"); a
     # runner's inductor cache is in its own scratch folder, new every run.
     names = {"GRADER_CACHE_DIR": "grader", "TRITON_CACHE_DIR": "triton", "XDG_CACHE_HOME": "xdg"}
     return {variable: str(caches / name) for variable, name in names.items()}
@@ -115,7 +116,8 @@ def idle_sdpa_ms(rubric_file: Path) -> dict:
         q, k, v, do = (t.unsqueeze(0) for t in make_inputs(case, 0, "cuda"))
         q, k, v = (t.requires_grad_() for t in (q, k, v))
         # A second of warm-up: the clocks of a GPU that has idled rise only under load, and with
-        # do_bench's default 25 ms the small case read 0.22 ms here and 0.14 to 0.19 in the run.
+        # do_bench's default warm-up the small case read slower here than in the run
+        # (notes/grading-speed.md, "The idle SDPA for the small case").
         times[slot] = do_bench(lambda: torch.nn.functional.scaled_dot_product_attention(
             q, k, v, is_causal=case.is_causal).backward(do), warmup=1000, rep=1000, return_mode="median")
     return times

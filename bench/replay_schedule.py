@@ -7,7 +7,7 @@ every check's worker, start and stop). Each check keeps its recorded duration; t
 collected in the order shards.HEAVY_FIRST (or --order) gives, and handed to 16 fake workers by
 the real GradingScheduling, as tests/self/grading/test_scheduler.py drives it (xdist's worker
 side: a worker holds its next test back, the first two of its queue are never stolen). A thief
-pays a runner start (--start, 8 s: the median of the class runs) on its first check of a group.
+pays a runner start (--start, 8 s by default: about a class run's median) on its first check of a group.
 
 What a replay cannot know: a run stopped before its end left checks unrecorded; each group gets
 the checks the largest group of its kind has, at the mean of its own recorded ones (a guess, so
@@ -16,10 +16,10 @@ one of them, and where it was waiting out a timeout the mean is far too short: `
 gives each Triton group of submission NAME a first unrecorded check of --timeout seconds (the
 flash calls' 300 s) and the rest at once (a runner fails every larger case at once after a
 timeout). CPU contention is as recorded, whatever the order, and the timing windows' pauses are
-left out. On a CPU-bound class that is the replay's largest error: it ended two runs 100 to 150 s
-sooner with the Triton shards first, and run, that order recorded fewer checks than the old one
+left out. On a CPU-bound class that is the replay's largest error: it ended two runs sooner
+with the Triton shards first, and run, that order recorded fewer checks than the old one
 (every submission compiling and autotuning at once made each check slower; notes/grading-speed.md,
-2026-11-28, fifth session). Use it to find an order worth a run, never in place of one.
+"The Triton shards first"). Use it to find an order worth a run, never in place of one.
 """
 import argparse
 import contextlib

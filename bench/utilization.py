@@ -2,8 +2,8 @@
 
     with Utilization() as use:
         run_the_grader()
-    use.summary()  # {"seconds": 446.7, "cpus": 32, "cpu_busy": 0.93, "gpu_busy_s": [147.0, 0.0],
-                   #  "gpu_memory_max_gib": [61.2, 3.1], "both_idle": [[120.0, 4.0]]}
+    use.summary()  # {"seconds": S, "cpus": C, "cpu_busy": a share, "gpu_busy_s": [S0, S1],
+                   #  "gpu_memory_max_gib": [G0, G1], "both_idle": [[start, seconds], ...], "cpu_by_role": {...}}
 
 CPU: the share of all cores' time not idle, from /proc/stat's first line between the first and
 the last sample (Linux only; None elsewhere). GPU: nvidia-smi's utilization.gpu (the share of its
@@ -11,7 +11,7 @@ last sample period in which a kernel ran) integrated over the samples, per GPU, 
 the most memory.used any sample saw (every process's, the grader's own included); [] without
 nvidia-smi. "both_idle": the stretches in which neither the CPUs nor any GPU worked. A grading
 run that keeps the CPUs busy and a GPU busy a third of the time is CPU-bound: a second GPU cannot
-speed it up much (notes/grading-speed.md, 2026-11-25, fifth session).
+speed it up much (notes/grading-speed.md, "The class is CPU-bound").
 
 "cpu_by_role": where the CPU went, in core-seconds, by what each process is (ROLES, from its
 command line; /proc/<pid>/stat's utime + stime, summed between samples, so a process's last
