@@ -98,8 +98,8 @@ class ControllerPlugin:
     def failures_left_to_reports(self, config) -> bool:
         """A class's failures go to the reports alone, not to pytest's FAILURES section too: it is
         thousands of entries there, and pytest spends time quadratic in the number of tests on it
-        (each failure scans every report for its teardown sections, pytest-dev/pytest#13360: tens of
-        seconds after a class, notes/grading-speed.md). One submission keeps it, for the student who
+        (each failure scans every report for its teardown sections, pytest-dev/pytest#13360; notes/
+        grading-speed.md, "pytest's FAILURES section"). One submission keeps it, for the student who
         reads it; so does a run given --tb."""
         given = any(arg.startswith("--tb") for arg in config.invocation_params.args)
         return len(self.state.submissions) > 1 and not given and config.option.tbstyle == "auto"

@@ -136,7 +136,7 @@ class WorkerPlugin:
                 self.modules.add(item.module.__name__)
 
     # Last: pytest's own hook (fixtures.py, reorder_items) regroups the items by the session-scoped
-    # `submission` parameter after every tryfirst hook, which undid this sort on an H100 run: a
+    # `submission` parameter after every tryfirst hook, which undid this sort on a GPU run: a
     # lone submission's shards went out in the order of its test modules, its one-test Triton
     # timing shard (the longest) among the last.
     @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
