@@ -64,7 +64,7 @@ def runner_memory_limit(workers: int | None = None) -> int:
 
 @dataclass
 class Reply:
-    status: str  # ok | error | not_attempted | timeout | crash | import_error
+    status: str  # a word of outcomes.STATUSES; ask the predicates below rather than compare it
     message: str = ""
     result: dict = field(default_factory=dict)
     traceback: str = ""
@@ -74,9 +74,43 @@ class Reply:
     oom: str = ""  # why an allocation failed: host | gpu_budget | gpu_full (serve.py out_of_memory)
     gpu_peak: int = 0  # the most GPU memory the runner's allocator held during the call (its word: a hint)
 
+    # What a call site asks of a reply, so none compares status words (fa2_sandbox/wire/outcomes.py).
     @property
     def ok(self) -> bool:
         return self.status == outcomes.OK
+
+    @property
+    def raised(self) -> bool:
+        """The submission raised (not NotImplementedError: that is not_attempted)."""
+        return self.status == outcomes.ERROR
+
+    @property
+    def not_attempted(self) -> bool:
+        return self.status == outcomes.NOT_ATTEMPTED
+
+    @property
+    def timed_out(self) -> bool:
+        return self.status == outcomes.TIMEOUT
+
+    @property
+    def crashed(self) -> bool:
+        return self.status == outcomes.CRASH
+
+    @property
+    def import_failed(self) -> bool:
+        """tests/adapters.py could not be imported: every call of the submission ends so."""
+        return self.status == outcomes.IMPORT_ERROR
+
+    @property
+    def unanswered(self) -> bool:
+        """The case got no answer (it raised, crashed, timed out): see outcomes.Status.unanswered."""
+        s = outcomes.STATUSES.get(self.status)
+        return bool(s and s.unanswered)
+
+    @property
+    def outcome(self) -> str:
+        """The outcome of a check this reply fails (outcomes.STATUSES)."""
+        return outcomes.outcome_of_call(self.status)
 
 
 class GpuCrowded(RuntimeError):
@@ -403,12 +437,12 @@ class SubmissionRunner:
             return self._died("setup", what)
         message = self._wait_done("setup", timeout, what=what, holding=holding, until=until)
         if isinstance(message, Reply):
-            if message.status == outcomes.TIMEOUT and size is not None:
+            if message.timed_out and size is not None:
                 if not earlier or size < earlier[0]:
                     self._timed_out[family] = (size, message.message)
             return message
         reply = self._reply(message, tag, what)
-        if reply.status == outcomes.CRASH or message.get("restart"):
+        if reply.crashed or message.get("restart"):
             self.stop()  # out of memory, a poisoned CUDA context, a forged reply: start afresh
         return reply
 

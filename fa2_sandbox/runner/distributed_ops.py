@@ -175,12 +175,12 @@ def run_scenarios(names, body) -> dict:
         result = {}
         try:
             body(name, result)
-            out[name] = {"status": "ok", **result, "log": RECORDER.take()}
+            out[name] = {"status": outcomes.OK, **result, "log": RECORDER.take()}
         except NotAttemptedHere as exc:
             out[name] = {"status": outcomes.NOT_ATTEMPTED, "message": str(exc), **result, "log": RECORDER.take()}
             break
         except BaseException as exc:  # the student's exception, SystemExit included
-            out[name] = {"status": "error", "message": describe(exc), "phase": RECORDER.phase,
+            out[name] = {"status": outcomes.ERROR, "message": describe(exc), "phase": RECORDER.phase,
                          "step": RECORDER.step, "traceback": traceback.format_exc(limit=-8),
                          **result, "log": RECORDER.take()}
             break

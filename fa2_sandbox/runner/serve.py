@@ -360,7 +360,7 @@ class Runner:
         for name in dict.fromkeys(name for scenarios in ranks for name in scenarios):
             per_rank = []
             for rank, scenarios in enumerate(ranks):
-                s = scenarios.get(name, {"status": "skipped", "message": "an earlier scenario failed"})
+                s = scenarios.get(name, {"status": outcomes.NOT_RUN, "message": "an earlier scenario failed"})
                 for kind, value in s.items():
                     if isinstance(value, dict):  # named tensors: initial, buffers, grads0, final
                         tensors.update({f"{name}/{rank}/{kind}/{k}": v for k, v in value.items()})

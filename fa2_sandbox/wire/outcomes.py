@@ -1,16 +1,27 @@
-"""Every word for how a runner call or a check ended, and the one mapping between them.
+"""Every word for how a runner call or a check ended, and everything that follows from each: one table.
 
 Both sides of the trust boundary speak these: the runner sends a call's status, the harness adds
 the statuses of calls the runner could not answer, the checks turn a status into a check's
-outcome, scoring counts outcomes, and the pages group checks by state. Adding a way to end means
-adding it here and to the mapping, then wherever it is produced.
+outcome, scoring counts outcomes, Gradescope gets a status, and the pages group checks by state
+and draw each outcome's badge. All of that is read off the rows below, so nobody else spells a
+word or decides what it means.
+
+Adding a way for a runner call to end (a new runner fault, say the harness refusing a reply too
+large) is: its constant and STATUSES row here (and its OUTCOMES row when it is a new way for a
+check to end, with a badge style base.html.j2 already draws), the place that produces it
+(fa2_sandbox/harness/client.py or fa2_sandbox/runner/serve.py), and its hostile example under
+submissions/hostile/. tests/self/fa2_sandbox/test_outcomes.py holds the table to that.
+
+The words themselves are written to disk (check files, results.json extra_data.outcome, the runner
+channel): never rename one, add a new one.
 """
+from dataclasses import dataclass
 
 # -- a runner call's status (fa2_sandbox/harness/client.py Reply.status) -------------------------
 OK = "ok"  # answered
 ERROR = "error"  # the submission raised
 NOT_ATTEMPTED = "not_attempted"  # it raised NotImplementedError: the template's stub
-ANSWERED = (OK, ERROR, NOT_ATTEMPTED)  # what a runner may send (serve.py); the rest the harness makes
+NOT_RUN = "not_run"  # one rank's scenario after an earlier scenario of the same run failed (serve.py)
 TIMEOUT = "timeout"
 CRASH = "crash"  # the runner died, or broke the channel, or ran out of memory
 IMPORT_ERROR = "import_error"  # tests/adapters.py could not be imported
@@ -26,24 +37,116 @@ FAILED = "failed"  # a wrong answer, or a call that went wrong (then the outcome
 SKIPPED = "skipped"  # does not apply to the submission, or could not be measured: 0 of 0
 NOT_GRADED_HERE = "not_graded_here"  # needs a GPU: keeps its share of the maximum, scores 0 for now
 GRADER_ERROR = "grader_error"  # the grader itself failed: unscored, regraded
-UNSETTLED = (GRADER_ERROR, NOT_GRADED_HERE)  # neither passed nor failed: Gradescope shows no status
-CALL_OUTCOMES = (ERROR, NOT_ATTEMPTED, TIMEOUT, CRASH, IMPORT_ERROR)  # a failed check, by how its call ended
 
-# -- a check's state on a page (reporting/) ------------------------------------------------------
+# -- a check's state on a page (reporting/): which section lists it ------------------------------
 STATE_PASSED, STATE_FAILED, STATE_SKIPPED = PASSED, FAILED, SKIPPED
 STATE_UNGRADED = "ungraded"  # a grader error
 STATE_NOT_HERE = "not_here"  # not graded on this machine
+STATES = (STATE_FAILED, STATE_PASSED, STATE_SKIPPED, STATE_UNGRADED, STATE_NOT_HERE)
+
+# -- Gradescope's status of a test (its spec: "passed" or "failed", or none at all) --------------
+# The same two words as the outcomes PASSED and FAILED, but another vocabulary: a skipped check is
+# "passed" to Gradescope (0 of 0), a timeout "failed".
+GRADESCOPE_PASSED, GRADESCOPE_FAILED = "passed", "failed"
+
+# -- badge styles: reporting/templates/base.html.j2 draws `.badge.<style>` (and `.check.<style>`,
+# a failed check's card, where the style has one). Named for how they look, never for an outcome,
+# so a new outcome picks one and the CSS does not change.
+GOOD, BAD, SLOW, DIRE, STUB, NEUTRAL, ALARM = "good", "bad", "slow", "dire", "stub", "neutral", "alarm"
+PLAIN = "plain"  # an outcome this table does not know (an older results.json): no rule, grey
+BADGES = (GOOD, BAD, SLOW, DIRE, STUB, NEUTRAL, ALARM)
 
 
-def outcome_of_call(status: str) -> str:
-    """The outcome of a check failed by a runner call that ended with `status` (not OK)."""
-    return status if status in CALL_OUTCOMES else ERROR
+@dataclass(frozen=True)
+class Outcome:
+    """One way a check can end, and all that follows from it."""
+    word: str  # in check files and results.json: never renamed
+    state: str  # the page section that lists it (STATES)
+    gradescope: str | None  # its status on Gradescope; None: neither, Gradescope judges by the score
+    badge: str  # how its badge looks (BADGES)
+    sentence: str  # what it means, for whoever reads the page (the badge's tooltip) or Gradescope
+
+    @property
+    def label(self) -> str:
+        """What its badge says: "import error"."""
+        return self.word.replace("_", " ")
+
+    @property
+    def passed(self) -> bool:
+        """Passed as Gradescope counts: a skipped check passes (0 / 0)."""
+        return self.gradescope == GRADESCOPE_PASSED
+
+    @property
+    def settled(self) -> bool:
+        """Passed or failed; False for a check still to be graded (grader error, needs a GPU)."""
+        return self.gradescope is not None
+
+
+OUTCOMES = {row.word: row for row in (
+    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, GOOD, "passed"),
+    Outcome(FAILED, STATE_FAILED, GRADESCOPE_FAILED, BAD, "failed: the submission's answer was wrong"),
+    Outcome(SKIPPED, STATE_SKIPPED, GRADESCOPE_PASSED, NEUTRAL,
+            "skipped: does not apply to this submission, or could not be measured on it (0 of 0 points)"),
+    Outcome(NOT_GRADED_HERE, STATE_NOT_HERE, None, NEUTRAL, "not graded here: it needs a GPU"),
+    Outcome(GRADER_ERROR, STATE_UNGRADED, None, ALARM,
+            "the grader itself failed: counts neither for nor against the submission until regraded"),
+    # A check failed by a runner call takes the call's status as its outcome (STATUSES below).
+    Outcome(ERROR, STATE_FAILED, GRADESCOPE_FAILED, BAD, "error: the submission raised an exception"),
+    Outcome(NOT_ATTEMPTED, STATE_FAILED, GRADESCOPE_FAILED, STUB,
+            "not attempted: the submission raised NotImplementedError (the template's stub)"),
+    Outcome(TIMEOUT, STATE_FAILED, GRADESCOPE_FAILED, SLOW, "timeout: the call ran past its time limit"),
+    Outcome(CRASH, STATE_FAILED, GRADESCOPE_FAILED, DIRE,
+            "crash: the submission's process died, broke the grader's channel or ran out of memory"),
+    Outcome(IMPORT_ERROR, STATE_FAILED, GRADESCOPE_FAILED, BAD,
+            "import error: tests/adapters.py could not be imported"),
+)}
+
+
+def row_of(outcome: str) -> Outcome:
+    """The row of `outcome`; a word the table does not know (an older or a forged results.json)
+    reads as a failure with a plain badge, which is what the pages and Gradescope always did."""
+    return OUTCOMES.get(outcome) or Outcome(outcome, STATE_FAILED, GRADESCOPE_FAILED, PLAIN, outcome.replace("_", " "))
 
 
 def state_of(outcome: str) -> str:
     """What a page groups a check by, from its outcome."""
-    if outcome in (PASSED, SKIPPED):
-        return outcome
-    if outcome == NOT_GRADED_HERE:
-        return STATE_NOT_HERE
-    return STATE_UNGRADED if outcome == GRADER_ERROR else STATE_FAILED
+    return row_of(outcome).state
+
+
+# Neither passed nor failed, so no Gradescope status: GRADER_ERROR, NOT_GRADED_HERE.
+UNSETTLED = tuple(w for w, row in OUTCOMES.items() if not row.settled)
+
+
+# -- who ends a runner call with each status, and what a check the call fails ends with ---------
+RUNNER = "runner"  # serve.py sends it: the submission answered, raised, or had not been written
+HARNESS = "harness"  # client.py makes it: the runner could not answer (it hung, died, or never imported)
+
+
+@dataclass(frozen=True)
+class Status:
+    word: str
+    made_by: str  # RUNNER or HARNESS
+    fails_as: str | None  # the OUTCOMES word of a check this status fails; None: answered, the check goes on
+    # The case's call got no answer: the check that made the call charges the failure, and every
+    # other check that needs the answer says so (grading/checks/flash_checks.py got_no_answer).
+    # False where the status is every check's own finding: the template's stub, the adapters' import.
+    unanswered: bool = False
+
+
+STATUSES = {s.word: s for s in (
+    Status(OK, RUNNER, None),
+    Status(ERROR, RUNNER, ERROR, unanswered=True),
+    Status(NOT_ATTEMPTED, RUNNER, NOT_ATTEMPTED),
+    Status(NOT_RUN, RUNNER, ERROR),  # only inside a distributed call's per-rank scenarios, never a call's status
+    Status(TIMEOUT, HARNESS, TIMEOUT, unanswered=True),
+    Status(CRASH, HARNESS, CRASH, unanswered=True),
+    Status(IMPORT_ERROR, HARNESS, IMPORT_ERROR),
+)}
+ANSWERED = (OK, ERROR, NOT_ATTEMPTED)  # what a runner may send as a call's status (client.py refuses the rest)
+CALL_OUTCOMES = tuple(dict.fromkeys(s.fails_as for s in STATUSES.values() if s.fails_as))  # a failed check, by its call
+
+
+def outcome_of_call(status: str) -> str:
+    """The outcome of a check failed by a runner call that ended with `status` (not OK)."""
+    s = STATUSES.get(status)
+    return s.fails_as if s and s.fails_as else ERROR

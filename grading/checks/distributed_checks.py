@@ -27,16 +27,16 @@ def settle_scenario(c, reply, scenario, labels=None):
     """Per-rank records of one scenario, or fail the check the way the ranks failed."""
     c.settle_reply(reply)
     ranks = reply.result["scenarios"].get(scenario)
-    if ranks and all(s["status"] == "ok" for s in ranks):
+    if ranks and all(s["status"] == outcomes.OK for s in ranks):
         return ranks
     if ranks and any(s["status"] == outcomes.NOT_ATTEMPTED for s in ranks):
-        c.fail(f"not attempted: {next(s['message'] for s in ranks if s['status'] == 'not_attempted')}",
+        c.fail(f"not attempted: {next(s['message'] for s in ranks if s['status'] == outcomes.NOT_ATTEMPTED)}",
                outcome=outcomes.NOT_ATTEMPTED)
-    if ranks and any(s["status"] == "error" for s in ranks):
+    if ranks and any(s["status"] == outcomes.ERROR for s in ranks):
         sentence, traceback = rank_error(ranks, labels)
         c.fail(sentence, traceback, outcome=outcomes.ERROR)
     earlier = next((name for name, rs in reply.result["scenarios"].items()
-                    if any(s["status"] == "error" for s in rs)), None)
+                    if any(s["status"] == outcomes.ERROR for s in rs)), None)
     why = f" ({rank_error(reply.result['scenarios'][earlier], labels)[0]})" if earlier else ""
     c.fail(f"not run: the {earlier or 'previous'} scenario of the same run failed first{why}", outcome=outcomes.ERROR)
 
@@ -55,7 +55,7 @@ def rank_error(ranks, labels):
         message = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", message)  # gloo's source location
         return message.split(". ")[0][:200]
 
-    errors = [(r, s) for r, s in enumerate(ranks) if s["status"] == "error"]
+    errors = [(r, s) for r, s in enumerate(ranks) if s["status"] == outcomes.ERROR]
     own = [(r, s) for r, s in errors if not any(w in s["message"].lower() for w in COMMUNICATION_FAILURES)]
     if own:
         r, s = own[0]

@@ -137,7 +137,7 @@ def refusal(reply, case, phase="forward"):
     the check's: a backward check also takes the backward's own refusal."""
     if case.head_dim in POWER_OF_TWO_DIMS:
         return None
-    if reply.status == "error" and next(reversed(reply.phases), None) == "forward":
+    if reply.raised and next(reversed(reply.phases), None) == "forward":
         error = {"message": reply.message, "traceback": reply.traceback}
     elif reply.ok and phase == "backward" and reply.result.get("backward_error"):
         error = reply.result["backward_error"]
@@ -218,10 +218,10 @@ def settle(check, session, submission, slot, tier, case, phase="forward"):
     if refused := refusal(reply, case, phase):
         check.ok(f"refused d={case.head_dim} cleanly, which the handout allows: {refused}")
         return None, None
-    if not reply.ok and reply.status in ("error", "crash") and tier == "course" and slot == "triton" \
+    if (reply.raised or reply.crashed) and tier == "course" and slot == "triton" \
             and not session.on_gpu:
         check.not_here(f"it needs a GPU: the official tests run the Triton class on CUDA only, and under the CPU "
-                   f"interpreter it {'raised ' if reply.status == 'error' else ''}{reply.message}")
+                   f"interpreter it {'raised ' if reply.raised else ''}{reply.message}")
     if check.record.check != "forward" and got_no_answer(reply):
         fail_unanswered(check, reply, f"{check.record.part}::forward[{case.id}]")
     check.settle_reply(reply)
@@ -239,13 +239,13 @@ def what_failed(reply) -> str:
     (the memory check) or stand in parentheses (the replay check)."""
     if reply.ok:  # the forward ran; the backward raised
         return f"the backward raised {reply.result['backward_error']['message']}"
-    if reply.status == outcomes.ERROR:
+    if reply.raised:
         return f"the forward raised {reply.message}"
-    if reply.status == outcomes.TIMEOUT:
+    if reply.timed_out:
         return f"the call {reply.message}"  # "timed out after 300 s in forward (N=...)"
-    if reply.status == outcomes.CRASH:
+    if reply.crashed:
         return f"the runner crashed: {reply.message}"
-    if reply.status == outcomes.NOT_ATTEMPTED:
+    if reply.not_attempted:
         return f"not attempted: {reply.message}"
     return reply.message  # the adapters did not import: their own sentence
 
@@ -258,13 +258,10 @@ def what_failed(reply) -> str:
 # ever shares its points out (README.md, next to "could not be measured"); but its sentence says
 # that it got no answer and names the check that charges the failure, rather than repeat the error
 # as if it were its own.
-UNANSWERED = (outcomes.ERROR, outcomes.CRASH, outcomes.TIMEOUT)
-
-
 def got_no_answer(reply) -> bool:
     """Whether a case's call raised, crashed or timed out (the adapters' import failing, or the
     template's stub, is every check's own finding)."""
-    return not reply.ok and reply.status in UNANSWERED
+    return reply.unanswered
 
 
 def fail_unanswered(check, reply, charged_by: str, verb: str = "judge"):
@@ -273,7 +270,7 @@ def fail_unanswered(check, reply, charged_by: str, verb: str = "judge"):
     check.update(seconds=reply.seconds)
     check.fail(f"no answer to {verb}: {what_failed(reply)} ({charged_by} charges that failure); this check needs "
                f"the case's answer, so it fails with it.",
-               traceback_of(reply), outcome=outcomes.outcome_of_call(reply.status) if not reply.ok else outcomes.ERROR)
+               traceback_of(reply), outcome=reply.outcome if not reply.ok else outcomes.ERROR)
 
 
 def traceback_of(reply) -> str:

@@ -170,8 +170,8 @@ def test_runs_on_cuda(session, submission, check, device):
     session.fail_if_stub(c, submission, FLASH_SLOTS["pytorch"])
     reply, tensors = run_case(session, submission, "pytorch", COURSE_CASE, device=device)
     backward_error = reply.result.get("backward_error") or {}
-    if reply.status == "error" or backward_error.get("status") == "error":  # a missing backward fails elsewhere
-        message = reply.message if reply.status == "error" else backward_error["message"]
+    if reply.raised or backward_error.get("status") == outcomes.ERROR:  # a missing backward fails elsewhere
+        message = reply.message if reply.raised else backward_error["message"]
         c.fail(f"on CUDA inputs the PyTorch class raised {message}. It is graded on the CPU, as the official "
                f"tests run it; to run on a GPU too, create every tensor with device=q.device.",
                reply.traceback, outcome=outcomes.ERROR)
@@ -284,7 +284,7 @@ def test_replay(session, submission, check, slot, tier, case):
         c.update(seconds=again.seconds)
         c.fail(f"a second, unseen input of this case, asked right after the first, got no answer "
                f"({what_failed(again)}), though the first input got one: every input of a case must get its own "
-               f"answer.", traceback_of(again), outcome=outcomes.outcome_of_call(again.status))
+               f"answer.", traceback_of(again), outcome=again.outcome)
     compared, same = same_answers(tensors, again_tensors)
     if same:
         c.fail(f"returned the same {', '.join(same)} for a different input: a second, unseen input of this case, "

@@ -111,7 +111,7 @@ def measured(reply, phase) -> bool:
 def raised(reply, phase) -> bool:
     """Whether the class raised before `phase` was measured: an exception of its own, not a
     timeout or a crash (running out of memory is a crash: it says something about memory)."""
-    if reply.status == "error":
+    if reply.raised:
         return True
     error = reply.result.get("backward_error") if reply.ok and phase == "backward" else None
-    return bool(error) and error["status"] == "error"
+    return bool(error) and error["status"] == outcomes.ERROR

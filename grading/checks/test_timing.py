@@ -159,20 +159,21 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
     warm_s = max(1.0, until - time.monotonic())
     warm = both(runners, [{**request, "op": "warm_timing", "seed": session.seed,
                            "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout), student_until=until)
-    if warm[0].status == "timeout":
+    if warm[0].timed_out:
         c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
                f"had not ended {timeout:.0f} s after the check began (its runner's start and import, and any wait "
                f"for the GPU, included), so no pass was timed; this advice check waits no longer, as the class's "
                f"other checks need the worker.", warm[0].message, outcome=outcomes.TIMEOUT, seconds=warm[0].seconds)
     c.settle_reply(warm[0])
     if not warm[1].ok:
-        c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.", outcome="error")
+        c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.",
+               outcome=outcomes.ERROR)
     prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(session.seed, n)}
                               for n in (tw.MAX_PASSES, tw.REFERENCE_INPUTS)], timeout)
     c.settle_reply(prepared[0])
     if not prepared[1].ok:
         c.fail(f"the reference could not be timed here ({prepared[1].message}), so no budget applies.",
-               outcome="error")
+               outcome=outcomes.ERROR)
     sdpa = sdpa_peer(case, session.seed)
     # Raised: both runners, and this worker, whose thread stamps each stretch's end as the runner's
     # message comes (a stamp late by a few ms is a tenth of a stretch of 12 reference passes).
@@ -204,7 +205,7 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
         c.settle_reply(m.failure)
     if m.failed == "reference":
         c.fail(f"the reference could not be timed here ({m.failure.message}), so no budget applies.",
-               outcome="error")
+               outcome=outcomes.ERROR)
     if m.stopped_after_s is None:
         outputs = student.call({**request, "op": "end_timing", "save": True}, timeout)
         c.settle_reply(outputs)

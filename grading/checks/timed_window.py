@@ -152,7 +152,7 @@ def measure(student, reference, request: dict, budget_ratio: float, deadline: fl
         m.steps[step] = clock() - started
         times = pass_times_ms(reply.phases)
         m.passes += passes if reply.ok else len(times)
-        if reply.status == "timeout":
+        if reply.timed_out:
             m.stopped_after_s = m.steps[step]
         elif not reply.ok:
             m.failed, m.failure = "student", reply
