@@ -15,7 +15,7 @@ results.json is read through CheckRecord.from_gradescope, which never raises on 
 malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
-from fa2_sandbox.wire.outcomes import NOT_GRADED_HERE, PASSED, SKIPPED, UNSETTLED
+from fa2_sandbox.wire.outcomes import GRADESCOPE_FAILED, GRADESCOPE_PASSED, PASSED, SKIPPED
 from grading.results.record import CheckRecord, as_dict, as_number, as_text, points
 
 MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
@@ -49,16 +49,13 @@ def status(records: list) -> str | None:
     """failed if any check failed; passed if every check passed (or does not apply); None when the
     rest were not graded (a grader error, a check that needs a GPU), as CheckRecord.to_gradescope
     does per check. With no status Gradescope judges the test by its score."""
-    if any(r.outcome not in (PASSED, SKIPPED, *UNSETTLED) for r in records):
-        return "failed"
-    return "passed" if records and all(r.passed for r in records) else None
+    if any(r.row.gradescope == GRADESCOPE_FAILED for r in records):
+        return GRADESCOPE_FAILED
+    return GRADESCOPE_PASSED if records and all(r.passed for r in records) else None
 
 
 def reason(r: CheckRecord) -> str:
-    first_line = r.output.partition("\n")[0]
-    if r.outcome == NOT_GRADED_HERE:
-        return r.diagnosis or first_line or "not graded here: it needs a GPU"
-    return r.diagnosis or first_line or r.outcome.replace("_", " ")
+    return r.diagnosis or r.output.partition("\n")[0] or r.row.sentence
 
 
 def group_output(records: list) -> str:
@@ -71,7 +68,7 @@ def group_output(records: list) -> str:
     if not applying:
         return "Does not apply to this submission: " + escape(reason(records[0]))
     passed, n = sum(r.outcome == PASSED for r in applying), len(applying)
-    waiting = sum(r.outcome in UNSETTLED for r in applying)
+    waiting = sum(not r.row.settled for r in applying)
     if passed == n:
         head = "The check passed." if n == 1 else f"All {n} checks passed."
     else:
@@ -80,8 +77,8 @@ def group_output(records: list) -> str:
     several_checks = len({r.check for r in records}) > 1
     label = lambda r: code(f"{r.check}[{r.case}]" if several_checks and r.case else r.case or r.check)
     shown = left = 0
-    for title, rows in (("Failed", [r for r in applying if r.outcome not in (PASSED, *UNSETTLED)]),
-                        ("Not graded", [r for r in applying if r.outcome in UNSETTLED])):
+    for title, rows in (("Failed", [r for r in applying if r.row.settled and r.outcome != PASSED]),
+                        ("Not graded", [r for r in applying if not r.row.settled])):
         by_reason = {}  # one line per diagnosis, its cases in the order met
         for r in rows:
             by_reason.setdefault(reason(r), []).append(r)
@@ -179,7 +176,7 @@ def grouped(results: dict, rubric) -> dict:
                 "name": group_name(key, labels, advice),
                 "score": round(score, 4), "max_score": round(most, 4),
                 # a group with checks that never ran has passed nothing yet, whatever those that ran did
-                "status": verdict if whole or verdict == "failed" else None,
+                "status": verdict if whole or verdict == GRADESCOPE_FAILED else None,
                 "output": group_output(rs) + ("" if whole or not rs else "\n\n_" + (
                     f"{unrun} check{'s' * (unrun > 1)} of this group never ran" if unrun else
                     "Some checks of this group never ran") + ": their share counts 0 until the submission is "

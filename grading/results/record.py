@@ -21,10 +21,11 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 
-from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED, UNSETTLED, state_of  # noqa: F401
+from fa2_sandbox.wire.outcomes import ERROR, FAILED, GRADER_ERROR, NOT_GRADED_HERE, PASSED, UNSETTLED, row_of  # noqa: F401
 
-# The outcome words and the page states: fa2_sandbox/wire/outcomes.py (GRADER_ERROR, NOT_GRADED_HERE and
-# UNSETTLED are imported here too, for the modules that read records).
+# The outcome words, and what each means for Gradescope and the pages: fa2_sandbox/wire/outcomes.py
+# OUTCOMES, read here through row_of (NOT_GRADED_HERE and UNSETTLED are imported here too, for the
+# modules that read records).
 # A check's source starting with this is advice (grading/rubric.py says the same).
 ADVICE_PREFIX = "beyond the handout"
 # Keys of one verdict the pages read; filled with None when results.json lacks them.
@@ -57,7 +58,7 @@ class CheckRecord:
     group: str = ""  # the rubric group that scores it ("" for a stand-in)
     source: str = ""  # where the requirement comes from: official tests, handout, or beyond it
     advice: bool = False  # beyond the handout: a best practice worth few points
-    outcome: str = "error"  # passed, failed, skipped, not_graded_here, not_attempted, timeout, crash, error,
+    outcome: str = ERROR  # passed, failed, skipped, not_graded_here, not_attempted, timeout, crash, error,
     # grader_error...
     diagnosis: str = ""
     output: str = ""  # the diagnosis and its evidence as text (a traceback, for a grader error)
@@ -120,7 +121,7 @@ class CheckRecord:
     @property
     def passed(self) -> bool:
         """Gradescope's status: a skipped check passes (0 / 0)."""
-        return self.outcome in (PASSED, SKIPPED)
+        return self.row.passed
 
     def to_gradescope(self) -> dict:
         """One entry of results.json `tests[]`, once scored (score, max_score, visibility set).
@@ -140,11 +141,11 @@ class CheckRecord:
                 extra[key] = getattr(self, key)
         extra.update({"source": self.source, "advice": self.advice})
         test = {"name": self.name, "score": round(self.score, 4), "max_score": round(self.max_score, 4),
-                "status": "passed" if self.passed else "failed",
+                "status": self.row.gradescope,
                 "output": (self.diagnosis or grader_error_diagnosis([])) if broken else self.output,
                 "tags": [self.part, self.tier or ""] + (["advice"] if self.advice else []),
                 "visibility": self.visibility, "extra_data": extra}
-        if self.outcome in UNSETTLED:
+        if test["status"] is None:
             del test["status"]
         if broken:
             extra["grader_output"] = self.output
@@ -161,10 +162,10 @@ class CheckRecord:
         parsed = _NAME.match(name)
         from_name = parsed.groupdict() if parsed else {}
         status = as_text(test.get("status"))
-        outcome = as_text(extra.get("outcome")) or status or "failed"
+        outcome = as_text(extra.get("outcome")) or status or FAILED
         output = as_text(test.get("output")).strip("\n")
         diagnosis = as_text(extra.get("diagnosis"))
-        if not diagnosis and outcome != "passed":  # an older file: the output's first line says it
+        if not diagnosis and outcome != PASSED:  # an older file: the output's first line says it
             diagnosis = output.partition("\n")[0]
         if outcome == GRADER_ERROR:  # the output is the sentence; the record's output, the traceback
             output = as_text(extra.get("grader_output")).strip("\n") or output
@@ -198,10 +199,16 @@ class CheckRecord:
 
     # -- what the pages show ----------------------------------------------------------------
     @property
+    def row(self):
+        """Its outcome's row of the table (fa2_sandbox/wire/outcomes.py OUTCOMES): the state, the
+        Gradescope status, the badge's style and words, the sentence."""
+        return row_of(self.outcome)
+
+    @property
     def state(self) -> str:
-        """What a page groups by: "passed", "skipped", "ungraded" (a grader error), "not_here"
-        (not graded on this machine) or "failed"."""
-        return state_of(self.outcome)
+        """What a page groups by (outcomes.STATES): passed, skipped, ungraded (a grader error),
+        not_here (not graded on this machine) or failed."""
+        return self.row.state
 
     @property
     def evidence(self) -> str:

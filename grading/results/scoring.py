@@ -7,7 +7,7 @@ killed before its end (run_autograder's time limit).
 from collections import Counter
 from pathlib import Path
 
-from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED
+from fa2_sandbox.wire.outcomes import GRADER_ERROR, GRADESCOPE_FAILED, NOT_GRADED_HERE, PASSED, SKIPPED
 from grading.results import gradescope, store
 from grading.results.record import points
 from grading.rubric import Rubric
@@ -98,7 +98,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
     scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
-    failed = [t for t in scored if t["status"] == "failed"]
+    failed = [t for t in scored if t["status"] == GRADESCOPE_FAILED]
     checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
     summary = info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
                                          else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
