@@ -13,6 +13,7 @@ import re
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
+from types import SimpleNamespace
 
 from fa2_sandbox.wire import outcomes
 from grading.results.record import CheckRecord, as_dict, as_number, as_text
@@ -20,6 +21,10 @@ from grading.results.record import CheckRecord, as_dict, as_number, as_text
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
 ENVIRONMENT_KEYS = ("device", "torch", "triton", "triton_interpreter", "python")
+# The badge of a check that never ran (scoring lists it as not graded, with no record, so no
+# outcome): what the pages show beside a grader error's, as outcomes.Outcome rows both.
+NEVER_RUN = outcomes.Outcome("not_run", outcomes.STATE_UNGRADED, None, outcomes.ALARM,
+                             "never run: no result was recorded for this check; it counts 0 until regraded")
 
 
 @dataclass
@@ -161,8 +166,11 @@ class SubmissionReport:
     def part(self, key):
         return next((p for p in self.parts if p.key == key), None)
 
-    def with_state(self, state, checks=None):
-        return [c for c in (self.checks if checks is None else checks) if c.state == state]
+    def by_state(self, checks=None):
+        """The checks (all, or `checks`) by page state: .failed, .passed, .skipped, .ungraded,
+        .not_here (outcomes.STATES), so a template names a section rather than spell a word."""
+        checks = self.checks if checks is None else checks
+        return SimpleNamespace(**{state: [c for c in checks if c.state == state] for state in outcomes.STATES})
 
     @property
     def failed_by_part(self):
@@ -297,10 +305,10 @@ def _ungraded(value, checks) -> list:
         name = as_text(entry.get("name")) or None
         nodeid = as_text(entry.get("nodeid")) or None
         if name or nodeid:
-            found.append({"name": name, "nodeid": nodeid,
-                          "reason": as_text(entry.get("reason")) or "not graded"})
+            found.append({"name": name, "nodeid": nodeid, "reason": as_text(entry.get("reason")) or "not graded",
+                          "row": outcomes.row_of(outcomes.GRADER_ERROR) if name else NEVER_RUN})
     named = {u["name"] for u in found}
-    found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed"}
+    found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed", "row": c.row}
               for c in checks if c.state == outcomes.STATE_UNGRADED and c.name not in named]
     return found
 

@@ -83,7 +83,7 @@ class Outcome:
 
 
 OUTCOMES = {row.word: row for row in (
-    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, GOOD, "passed"),
+    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, GOOD, "passed: the check found nothing wrong"),
     Outcome(FAILED, STATE_FAILED, GRADESCOPE_FAILED, BAD, "failed: the submission's answer was wrong"),
     Outcome(SKIPPED, STATE_SKIPPED, GRADESCOPE_PASSED, NEUTRAL,
             "skipped: does not apply to this submission, or could not be measured on it (0 of 0 points)"),
