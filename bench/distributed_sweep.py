@@ -32,6 +32,7 @@ import yaml
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
+from fa2_sandbox.wire import outcomes  # noqa: E402
 from grading.check import Check  # noqa: E402
 from grading.checks import test_distributed, test_fsdp  # noqa: E402
 from grading.session import Grading, ShardSession  # noqa: E402
@@ -87,8 +88,8 @@ def run_check(state, submission, fn, params):
     except pytest.skip.Exception:
         pass
     record = made[-1].record
-    if record.outcome == "error" and not record.diagnosis:  # returned without failing: passed
-        record.outcome = "passed"
+    if record.outcome == outcomes.ERROR and not record.diagnosis:  # returned without failing: passed
+        record.outcome = outcomes.PASSED
     return record.outcome, record.diagnosis or record.output, record.name.split("::", 1)[1]
 
 
@@ -110,12 +111,12 @@ def sweep(state, submission, seeds, out):
         state._replies.clear()  # a new seed: new spawns; the runner and its ranks stay
         for fn, params in wanted:
             outcome, sentence, name = run_check(state, submission, fn, params)
-            verdict = "failed" if any(matches(p, name) for p in must_fail) else \
-                "passed" if any(matches(p, name) for p in must_pass) else None
-            if outcome == "skipped" or verdict is None:
+            verdict = outcomes.FAILED if any(matches(p, name) for p in must_fail) else \
+                outcomes.PASSED if any(matches(p, name) for p in must_pass) else None
+            if outcome == outcomes.SKIPPED or verdict is None:
                 continue  # a DDP flavour it does not define, or a case EXPECTED.yaml names none of
             row = tally.setdefault(name, [verdict, 0, {}])
-            if (outcome == "passed") == (verdict == "passed"):
+            if (outcome == outcomes.PASSED) == (verdict == outcomes.PASSED):
                 row[1] += 1
             else:
                 row[2][seed] = f"{outcome}: {sentence[:200]}"

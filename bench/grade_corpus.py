@@ -41,6 +41,7 @@ WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
 sys.path.insert(0, str(ROOT))
 from fa2_sandbox.wire import course_env  # noqa: E402  (the grader's own reading of uv path dependencies)
+from fa2_sandbox.wire.outcomes import FAILED, GRADESCOPE_FAILED, GRADESCOPE_PASSED, PASSED, SKIPPED  # noqa: E402
 
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
 
@@ -126,12 +127,12 @@ def official_tests(repo: Path, timeout: int, suite: str = "attention") -> dict:
         name = case.get("name")
         if suite != "attention":  # several files: test_official_ddp::test_DistributedDataParallel[...]
             name = f"{case.get('classname').split('.')[-1]}::{name}"
-        outcome = "passed"
+        outcome = PASSED  # an official test, in the grader's words for a check (JUnit XML has its own tags)
         for child in case:
             if child.tag in ("failure", "error"):
-                outcome = "failed"
+                outcome = FAILED
             elif child.tag == "skipped":
-                outcome = "skipped"
+                outcome = SKIPPED
         outcomes[name] = outcome
     if not outcomes:  # collection failed: the import of the adapters, say
         outcomes["error"] = log.strip().splitlines()[-1] if log.strip() else "collection failed"
@@ -173,14 +174,14 @@ def summarize(reports: Path) -> dict:
         course = {}
         for slot in ("flash_pytorch", "flash_triton"):
             mine = [t for t in tests if t["extra_data"].get("part") == slot and t["extra_data"].get("tier") == "course"]
-            course[slot] = (sum(t.get("status") == "passed" for t in mine), len(mine))
+            course[slot] = (sum(t.get("status") == GRADESCOPE_PASSED for t in mine), len(mine))
         rows[results.parent.name] = {
             "ungradable": data.get("extra_data", {}).get("ungradable"),
             "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
             "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
             "tf32": sum(t["extra_data"].get("precision") == "tf32" for t in tests),
             "failed": {t["name"].split("::", 1)[1]: (t["extra_data"].get("diagnosis") or t["output"])[:300]
-                       for t in tests if t.get("status") == "failed"},
+                       for t in tests if t.get("status") == GRADESCOPE_FAILED},
             "notes": data.get("extra_data", {}).get("notes", []),
         }
     return rows
@@ -192,8 +193,8 @@ def table(official: dict, graded: dict, old: dict | None) -> str:
              "|---" * (4 + len(PARTS) + (2 if old else 0)) + "|"]
     for name in sorted(set(official) | set(graded)):
         outcomes = official.get(name, {})
-        passed = sum(o == "passed" for n, o in outcomes.items() if n != "error")
-        ran = sum(o != "skipped" for n, o in outcomes.items() if n != "error")
+        passed = sum(o == PASSED for n, o in outcomes.items() if n != "error")
+        ran = sum(o != SKIPPED for n, o in outcomes.items() if n != "error")
         cell = f"{passed}/{ran}" if ran else outcomes.get("error", "-")[:60]
         row = graded.get(name, {})
         course = "; ".join(f"{p}/{n}" for p, n in row.get("course", {}).values()) or "-"

@@ -43,6 +43,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from bench.utilization import Utilization  # noqa: E402
+from fa2_sandbox.wire.outcomes import CRASH, GRADER_ERROR, IMPORT_ERROR  # noqa: E402
 
 
 def triton_cache_dir() -> Path:
@@ -190,10 +191,10 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
     # What a crowded GPU shows as: a student's out-of-memory crash, or the grader's own error.
     out_of_memory = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
                      f"{(r.get('output') or '')[:160]}" for r in records
-                     if r.get("outcome") == "crash" and "out of" in (r.get("output") or "") and "memory" in
+                     if r.get("outcome") == CRASH and "out of" in (r.get("output") or "") and "memory" in
                      (r.get("output") or "")]
     grader_errors = [f"{r.get('submission')}::{r.get('part')}::{r.get('check')}[{r.get('case')}]: "
-                     f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == "grader_error"]
+                     f"{(r.get('output') or '')[:160]}" for r in records if r.get("outcome") == GRADER_ERROR]
     timing = {f"{r.get('submission')}::{r.get('check')}": r["timing"] for r in records if r.get("timing")}
     cut = defaultdict(int)  # submission -> advice checks its --time-limit cut (grading/time_limit.py)
     for r in records:
@@ -201,7 +202,7 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
             cut[r.get("submission", "?")] += 1
     import_errors = {}  # submission -> why its adapters did not import: the first such record's
     for r in records:
-        if r.get("outcome") == "import_error":
+        if r.get("outcome") == IMPORT_ERROR:
             import_errors.setdefault(r.get("submission", "?"), (r.get("output") or "")[:300])
     times = sorted(r["recorded_at"] - started for r in records if r.get("recorded_at"))
     # A submission is finished once its results.json is written (all its checks done); one still
