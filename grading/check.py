@@ -115,7 +115,7 @@ class Check:
         self.update(seconds=reply.seconds)
         if reply.ok:
             return
-        outcome = outcomes.outcome_of_call(reply.status)
+        outcome = reply.outcome
         if outcome == outcomes.NOT_ATTEMPTED:
             self.fail(f"not attempted: {reply.message}", outcome=outcome)
         if outcome == outcomes.ERROR:

@@ -198,7 +198,7 @@ class Grading:
     def note_runner(self, submission, shard: Shard, runner, reply):
         """Keep the runner's facts for info.json; the plugin sends them to the controller on the
         test's report, and the controller alone writes the file."""
-        ungradable = reply.message if reply.status == "import_error" else None
+        ungradable = reply.message if reply.import_failed else None
         if submission.problem:
             ungradable = submission.problem
         facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
