@@ -71,7 +71,7 @@ class Reply:
     seconds: float = 0.0
     phases: dict = field(default_factory=dict)  # phase name -> monotonic time its message came
     tensors: dict = field(default_factory=dict, repr=False)  # validated, loaded in call()
-    oom: str = ""  # why an allocation failed: host | gpu_budget | gpu_full (serve.py out_of_memory)
+    oom: str = ""  # why an allocation failed: host | gpu_allowance | gpu_full (serve.py out_of_memory)
     gpu_peak: int = 0  # the most GPU memory the runner's allocator held during the call (its word: a hint)
 
     # What a call site asks of a reply, so none compares status words (fa2_sandbox/wire/outcomes.py).
@@ -119,23 +119,23 @@ class GpuCrowded(RuntimeError):
 
 
 def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, reserve: int | None = None) -> Reply:
-    """`call(request, holding)` on the GPU, the runner held to its budget (request["gpu_budget"]).
+    """`call(request, holding)` on the GPU, the runner held to its allowance (request["gpu_allowance"]).
 
-    It first reserves `reserve` bytes (default: the whole budget): what the call needs unless the
-    class holds N x N matrices, which the budget allows but few classes use (a dense backward:
-    16 of the 19 GiB at the timing shape). Reserving the whole budget for every call kept the GPU
-    half idle: in a corpus class the timing warm-ups' whole budgets filled the ledger, calls queued
+    It first reserves `reserve` bytes (default: the whole allowance): what the call needs unless the
+    class holds N x N matrices, which the allowance allows but few classes use (a dense backward:
+    16 of the 19 GiB at the timing shape). Reserving the whole allowance for every call kept the GPU
+    half idle: in a corpus class the timing warm-ups' whole allowances filled the ledger, calls queued
     behind them, while the card's memory stayed far from full (notes/grading-speed.md, "timing
     windows pause the others", its run1).
     `runner()` names the runner's processes, which a timing window may pause meanwhile
     (gpu_ledger.py), and `holding` says for how long.
 
-    An out-of-memory error is the student's only when the budget itself ran out. When the device
-    was full (the neighbours' memory), the call runs again with its whole budget reserved, then
+    An out-of-memory error is the student's only when the allowance itself ran out. When the device
+    was full (the neighbours' memory), the call runs again with its whole allowance reserved, then
     with the GPU to itself, and if the device is full even then it is the grader's fault
     (GpuCrowded), never a crash of the student's."""
-    budget = request["gpu_budget"]
-    reservations = [reserve, budget] if reserve is not None and reserve < budget else [budget]
+    allowance = request["gpu_allowance"]
+    reservations = [reserve, allowance] if reserve is not None and reserve < allowance else [allowance]
     for nbytes in reservations:
         with ledger.reserve(nbytes, label, say=note, runner=runner() if runner else None) as holding:
             reply = call(request, holding)
@@ -146,7 +146,7 @@ def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, rese
     with ledger.alone(label, say=note):
         reply = call(request, None)
     if reply.oom == outcomes.OOM_GPU_FULL:
-        raise GpuCrowded(f"the GPU had no room for {gib(budget)} even with no other check on it: "
+        raise GpuCrowded(f"the GPU had no room for {gib(allowance)} even with no other check on it: "
                          f"{reply.message[:300]}")
     return reply
 
@@ -166,7 +166,7 @@ class SubmissionRunner:
                  dense_backward: bool = True):
         self.submission = submission
         self.gpu_ledger = gpu_ledger  # gpu_ledger.GpuLedger of the runner's GPU, or None (no GPU)
-        # Whether a call's GPU budget has room for N x N scores (FlashCase.gpu_budget_bytes): a
+        # Whether a call's GPU allowance has room for N x N scores (FlashCase.gpu_allowance_bytes): a
         # student's class may hold them in its backward; the reference never does.
         self.dense_backward = dense_backward
         self.env = env or {}
@@ -372,13 +372,13 @@ class SubmissionRunner:
             return None
         return self.import_failure()
 
-    def gpu_budget(self, request: dict, dense_backward: bool | None = None):
-        """The GPU memory a request may use (FlashCase.gpu_budget_bytes), or None off the GPU;
+    def gpu_allowance(self, request: dict, dense_backward: bool | None = None):
+        """The GPU memory a request may use (FlashCase.gpu_allowance_bytes), or None off the GPU;
         `dense_backward=False`: without room for N x N scores, what a tiled class needs."""
         if request.get("device") != "cuda" or request.get("op") not in GPU_OPS:
             return None
         dense = self.dense_backward if dense_backward is None else dense_backward
-        return FlashCase.from_json(request["case"]).gpu_budget_bytes(dense)
+        return FlashCase.from_json(request["case"]).gpu_allowance_bytes(dense)
 
     def call(self, request: dict, timeout: float, what: str = "", until: float | None = None) -> Reply:
         """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu). The runner
@@ -388,16 +388,16 @@ class SubmissionRunner:
         `until` (a time.monotonic() value): the call ends by then whatever held it, a wait for the
         GPU or a timing window's pause included; without it, the time a window paused the runner
         is added to `timeout`."""
-        budget = self.gpu_budget(request) if self.gpu_ledger is not None else None
-        if budget is None:
+        allowance = self.gpu_allowance(request) if self.gpu_ledger is not None else None
+        if allowance is None:
             return self._call(request, timeout, what, until=until)
         if (skipped := self._after_a_timeout(request)) is not None:
             return skipped  # without starting the runner again that the timeout stopped
         if self.import_failure() is not None or self.process is None:
             return self._call(request, timeout, what, until=until)  # the import error, without holding the GPU
         return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding, until),
-                           {**request, "gpu_budget": budget}, f"{self.submission.name}: {request['op']} {what}",
-                           self.note, runner=self.identity, reserve=self.gpu_budget(request, dense_backward=False))
+                           {**request, "gpu_allowance": allowance}, f"{self.submission.name}: {request['op']} {what}",
+                           self.note, runner=self.identity, reserve=self.gpu_allowance(request, dense_backward=False))
 
     def identity(self) -> "dict | None":
         """This runner's processes as a timing window names them (watchdog.runner_identity), starting
@@ -459,14 +459,14 @@ class SubmissionRunner:
             reply.gpu_peak = message["gpu_peak"]
         if message.get("oom"):
             oom = message["oom"]
-            oom = oom if oom in (outcomes.OOM_HOST, outcomes.OOM_GPU_FULL) else outcomes.OOM_GPU_BUDGET
+            oom = oom if oom in (outcomes.OOM_HOST, outcomes.OOM_GPU_FULL) else outcomes.OOM_GPU_ALLOWANCE
             if oom == outcomes.OOM_HOST:
                 limit = f"; the runner's limit is {gib(self.memory_limit)}" if self.memory_limit else ""
                 return Reply(outcomes.CRASH, f"ran out of memory{where}: {text}{limit}", traceback=reply.traceback,
                              oom=oom)
-            budget = message.get("gpu_budget") if isinstance(message.get("gpu_budget"), int) else 0
-            own = oom == outcomes.OOM_GPU_BUDGET and budget
-            allowed = f"; it was allowed {gib(budget)} of GPU memory" if own else ""
+            allowance = message.get("gpu_allowance") if isinstance(message.get("gpu_allowance"), int) else 0
+            own = oom == outcomes.OOM_GPU_ALLOWANCE and allowance
+            allowed = f"; it was allowed {gib(allowance)} of GPU memory" if own else ""
             return Reply(outcomes.CRASH, f"ran out of GPU memory{where}: {text}{allowed}", traceback=reply.traceback,
                          oom=oom)
         if reply.ok and "tensors" in result:

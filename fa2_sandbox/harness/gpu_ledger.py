@@ -7,8 +7,8 @@ varied many-fold with the neighbours' kernels (notes/grading-speed.md, "the corp
 H100; GPU memory and time scheduled"). So GPU memory and GPU time are scheduled:
 
 - Every runner call on a GPU first reserves what its case may need (client.py asks for
-  `gpu_budget_bytes`), and runs only when the ledger has room for it; the runner is held to that
-  budget (serve.py: torch.cuda.set_per_process_memory_fraction) and gives its cache back after
+  `gpu_allowance_bytes`), and runs only when the ledger has room for it; the runner is held to that
+  allowance (serve.py: torch.cuda.set_per_process_memory_fraction) and gives its cache back after
   each call. A worker's own GPU work (the float64 oracles) reserves too. Reservations queue in
   arrival order, so a large one is not starved by small ones.
 - A timing window (`window`) has the GPU's time to itself without waiting for the others to
@@ -30,7 +30,7 @@ exclusive flock: holders and the queue, each token -> pid, bytes, kind, the runn
 since. A holder or waiter whose process is gone is dropped, so a killed worker never wedges the
 GPU, and what a dead window paused is started again. What the ledger cannot see, each process's
 CUDA context and a worker's cached oracles, is left out of its capacity (`capacity_bytes`); the
-runner tells an allocation refused because the device was full from one refused at its own budget,
+runner tells an allocation refused because the device was full from one refused at its own allowance,
 and only the latter is the student's (client.py).
 """
 import contextlib

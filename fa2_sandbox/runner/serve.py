@@ -39,7 +39,7 @@ except Exception:
 # binds what compares the inputs the same way).
 CLOCK = time.perf_counter
 SYNC = torch.cuda.synchronize
-# Likewise the GPU budget's own calls: a submission that replaced them could not lift its cap.
+# Likewise the GPU allowance's own calls: a submission that replaced them could not lift its cap.
 SET_MEMORY_FRACTION = torch.cuda.set_per_process_memory_fraction
 EMPTY_CACHE = torch.cuda.empty_cache
 RESET_PEAK = torch.cuda.reset_peak_memory_stats
@@ -83,11 +83,11 @@ def _size(pattern: str, text: str):
 
 
 def out_of_memory(exc: BaseException):
-    """Why an allocation failed, or None: 'host' (the runner's memory limit), 'gpu_budget' (the
+    """Why an allocation failed, or None: 'host' (the runner's memory limit), 'gpu_allowance' (the
     GPU memory this call was allowed, gpu_ledger.py) or 'gpu_full' (the device itself had no
     room: the neighbours', not the student's). From the caching allocator's message: "Tried to
     allocate A. GPU 0 has a total capacity of T of which F is free. ... this process has U memory
-    in use. L allowed; ...". The budget was hit when U + A passes L, or when the device had the
+    in use. L allowed; ...". The allowance was hit when U + A passes L, or when the device had the
     room (F >= A); any other CUDA out-of-memory (cuBLAS's, a kernel launch's) is the device's."""
     text = str(exc)
     if isinstance(exc, torch.cuda.OutOfMemoryError) or "CUDA out of memory" in text or \
@@ -98,19 +98,19 @@ def out_of_memory(exc: BaseException):
         allowed = _size(r"{size} allowed", text)
         if tried is not None and ((allowed is not None and (in_use or 0) + tried > allowed) or
                                   (free is not None and free >= tried)):
-            return outcomes.OOM_GPU_BUDGET
+            return outcomes.OOM_GPU_ALLOWANCE
         return outcomes.OOM_GPU_FULL
     if isinstance(exc, MemoryError) or "can't allocate memory" in text or "Cannot allocate memory" in text:
         return outcomes.OOM_HOST
     return None
 
 
-def hold_to_budget(request: dict) -> None:
-    """Cap this process's GPU allocations at the call's budget (gpu_ledger.py), when it has one."""
-    budget = request.get("gpu_budget")
-    if budget and torch.cuda.is_available():
+def hold_to_allowance(request: dict) -> None:
+    """Cap this process's GPU allocations at the call's allowance (gpu_ledger.py), when it has one."""
+    allowance = request.get("gpu_allowance")
+    if allowance and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-        SET_MEMORY_FRACTION(min(1.0, budget / total))
+        SET_MEMORY_FRACTION(min(1.0, allowance / total))
 
 
 def reset_gpu_peak() -> None:
@@ -382,7 +382,7 @@ class Runner:
             op = getattr(self, f"op_{request['op']}", None)
             start = CLOCK()
             try:
-                hold_to_budget(request)
+                hold_to_allowance(request)
                 reset_gpu_peak()
                 result = op(request)
                 reply = {"event": "done", "status": outcomes.OK, "result": result}
@@ -393,7 +393,7 @@ class Runner:
                          "traceback": traceback.format_exc(limit=-8)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner
-                    reply.update(oom=oom, restart=True, gpu_budget=request.get("gpu_budget"))
+                    reply.update(oom=oom, restart=True, gpu_allowance=request.get("gpu_allowance"))
             reply["seconds"] = CLOCK() - start
             reply["tag"] = request.get("tag")
             reply["gpu_peak"] = gpu_peak()

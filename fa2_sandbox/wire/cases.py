@@ -53,7 +53,7 @@ class FlashCase:
             size *= b
         return size
 
-    def gpu_budget_bytes(self, dense_backward: bool = True) -> int:
+    def gpu_allowance_bytes(self, dense_backward: bool = True) -> int:
         """The GPU memory a runner is allowed for one call of this case (gpu_ledger.py): 1 GiB of
         slack, 32 copies of q in float32 (inputs, outputs, gradients, accumulators) and, for a
         student's class, room for what the handout allows a backward: a dense one under

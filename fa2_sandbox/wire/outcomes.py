@@ -28,7 +28,7 @@ IMPORT_ERROR = "import_error"  # tests/adapters.py could not be imported
 
 # -- why a call ran out of memory (Reply.oom) ----------------------------------------------------
 OOM_HOST = "host"  # the runner's host memory limit
-OOM_GPU_BUDGET = "gpu_budget"  # the student's own GPU budget: the student's crash
+OOM_GPU_ALLOWANCE = "gpu_allowance"  # the student's own GPU allowance: the student's crash
 OOM_GPU_FULL = "gpu_full"  # the device was full of other processes' memory: the grader's to retry
 
 # -- a check's outcome (grading/results/record.py CheckRecord.outcome) ---------------------------

@@ -66,10 +66,10 @@ def window_bytes(case, warm_replies) -> int:
     """The GPU memory a timing window's calls need beside the runners it pauses (which keep
     theirs): what each side's warm-up call held at most (at least what a tiled class needs: the
     runner's word is only a hint), and a GiB for SDPA's tensors in this process (a quarter of that
-    at the timing shape: eight tensors of 64 x 4096 x 64 in bf16). Not the whole budget, room for
+    at the timing shape: eight tensors of 64 x 4096 x 64 in bf16). Not the whole allowance, room for
     a dense backward that most classes do not have: with it, 23 GiB of a 47 GiB ledger, windows
     waited for memory that the runners they paused held."""
-    tiled = case.gpu_budget_bytes(False)
+    tiled = case.gpu_allowance_bytes(False)
     return sum(max(reply.gpu_peak, tiled) for reply in warm_replies) + (1 << 30)
 
 

@@ -1,5 +1,5 @@
-"""A runner call on a shared GPU (client.py call_on_gpu, serve.py out_of_memory), with a fake budget:
-an out-of-memory error is charged to the student only when the call's own budget ran out."""
+"""A runner call on a shared GPU (client.py call_on_gpu, serve.py out_of_memory), with a fake allowance:
+an out-of-memory error is charged to the student only when the call's own allowance ran out."""
 import threading
 import time
 from types import SimpleNamespace
@@ -28,9 +28,9 @@ class OutOfMemory(RuntimeError):
 
 
 @pytest.mark.parametrize("message, why", [
-    (REFUSED_AT_BUDGET, "gpu_budget"),  # 3.1 + 4 GiB passes the 4.91 allowed, with 50 GiB free
+    (REFUSED_AT_BUDGET, "gpu_allowance"),  # 3.1 + 4 GiB passes the 4.91 allowed, with 50 GiB free
     (REFUSED_DEVICE_FULL, "gpu_full"),  # 1.2 + 2 GiB is well within 19 allowed; 1.06 GiB free
-    (REFUSED_DEVICE_FULL.replace("1.06 GiB is free", "3.00 GiB is free"), "gpu_budget"),  # the room was there
+    (REFUSED_DEVICE_FULL.replace("1.06 GiB is free", "3.00 GiB is free"), "gpu_allowance"),  # the room was there
     ("CUDA error: out of memory\nCompile with `TORCH_USE_CUDA_DSA`", "gpu_full"),  # cuBLAS, a launch: the device's
     ("std::bad_alloc: Cannot allocate memory", "host"),
     ("index 3 is out of bounds", None),
@@ -47,7 +47,8 @@ class FakeCall:
 
     def __call__(self, request, holding):
         holders = self.ledger.holders().values()
-        self.seen.append(("alone" if any(h["kind"] == "alone" for h in holders) else "shared", request["gpu_budget"]))
+        alone = any(h["kind"] == "alone" for h in holders)
+        self.seen.append(("alone" if alone else "shared", request["gpu_allowance"]))
         return self.replies.pop(0)
 
 
@@ -62,29 +63,29 @@ def ledger(tmp_path):
 
 def test_a_call_runs_with_its_budget_reserved(ledger):
     call = FakeCall(ledger, [Reply("ok")])
-    assert call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print).ok
+    assert call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print).ok
     assert call.seen == [("shared", 3 << 30)]
     assert ledger.holders() == {}
 
 
 def test_the_students_own_budget_running_out_is_their_crash(ledger):
-    call = FakeCall(ledger, [oom("gpu_budget")])
-    reply = call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print)
+    call = FakeCall(ledger, [oom("gpu_allowance")])
+    reply = call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print)
     assert reply.status == "crash" and len(call.seen) == 1
 
 
 def test_a_full_device_is_never_the_students_crash_the_call_runs_again_alone(ledger):
     notes = []
     call = FakeCall(ledger, [oom("gpu_full"), Reply("ok")])
-    assert call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", notes.append).ok
+    assert call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", notes.append).ok
     assert call.seen == [("shared", 3 << 30), ("alone", 3 << 30)]
     assert any("running the call again with the GPU to itself" in n for n in notes)
 
 
 def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_only_if_the_device_is_full(ledger):
-    """The budget has room for N x N scores that few classes hold: reserving it whole for every
+    """The allowance has room for N x N scores that few classes hold: reserving it whole for every
     call filled the ledger while the card sat half empty. The runner is still held to the whole
-    budget; only a full device makes the call run again, then with the budget reserved."""
+    allowance; only a full device makes the call run again, then with the allowance reserved."""
     held = []
 
     def call(request, holding):
@@ -92,7 +93,7 @@ def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_onl
         return oom("gpu_full") if len(held) == 1 else Reply("ok")
 
     notes = []
-    assert call_on_gpu(ledger, call, {"gpu_budget": 8 << 30}, "alice", notes.append, reserve=2 << 30).ok
+    assert call_on_gpu(ledger, call, {"gpu_allowance": 8 << 30}, "alice", notes.append, reserve=2 << 30).ok
     assert held == [2 << 30, 8 << 30]
     assert any("with 2.0 GiB reserved" in n for n in notes)
 
@@ -100,7 +101,7 @@ def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_onl
 def test_a_device_full_even_alone_is_the_graders_fault(ledger):
     call = FakeCall(ledger, [oom("gpu_full"), oom("gpu_full")])
     with pytest.raises(GpuCrowded, match="even with no other check on it"):
-        call_on_gpu(ledger, call, {"gpu_budget": 3 << 30}, "alice", print)
+        call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print)
     assert ledger.holders() == {}
 
 
@@ -108,10 +109,10 @@ def test_only_flash_calls_on_cuda_have_a_budget_and_only_a_students_has_room_for
     student = SimpleNamespace(dense_backward=True)
     reference = SimpleNamespace(dense_backward=False)
     case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096).to_json()
-    assert SubmissionRunner.gpu_budget(student, {"op": "warm_timing", "device": "cuda", "case": case}) == 19 << 30
-    assert SubmissionRunner.gpu_budget(reference, {"op": "warm_timing", "device": "cuda", "case": case}) == 3 << 30
-    assert SubmissionRunner.gpu_budget(student, {"op": "flash", "device": "cpu", "case": case}) is None
-    assert SubmissionRunner.gpu_budget(student, {"op": "distributed", "device": "cuda"}) is None
+    assert SubmissionRunner.gpu_allowance(student, {"op": "warm_timing", "device": "cuda", "case": case}) == 19 << 30
+    assert SubmissionRunner.gpu_allowance(reference, {"op": "warm_timing", "device": "cuda", "case": case}) == 3 << 30
+    assert SubmissionRunner.gpu_allowance(student, {"op": "flash", "device": "cpu", "case": case}) is None
+    assert SubmissionRunner.gpu_allowance(student, {"op": "distributed", "device": "cuda"}) is None
 
 
 HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
@@ -123,7 +124,7 @@ def test_a_paused_call_gets_its_pause_back_and_a_hung_one_still_times_out(tmp_pa
     out once its own time is spent, and the runner's watchdog, running all along, kills nothing."""
     path = tmp_path / "gpu-all-0.json"
     runner = SubmissionRunner(load_submission(HANG), env={"TRITON_INTERPRET": "1"})
-    request = {"op": "flash", "slot": "pytorch", "seed": 1, "device": "cpu", "gpu_budget": 1 << 30,
+    request = {"op": "flash", "slot": "pytorch", "seed": 1, "device": "cpu", "gpu_allowance": 1 << 30,
                "case": FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()}
     states = []
 
@@ -163,9 +164,9 @@ def test_distributed_calls_hold_no_reservation_so_no_window_pauses_them():
     runners are ever paused."""
     runner = SimpleNamespace(dense_backward=True)
     case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()
-    assert SubmissionRunner.gpu_budget(runner, {"op": "distributed", "device": "cuda", "case": case}) is None
-    assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cpu", "case": case}) is None
-    assert SubmissionRunner.gpu_budget(runner, {"op": "flash", "device": "cuda", "case": case}) > 0
+    assert SubmissionRunner.gpu_allowance(runner, {"op": "distributed", "device": "cuda", "case": case}) is None
+    assert SubmissionRunner.gpu_allowance(runner, {"op": "flash", "device": "cpu", "case": case}) is None
+    assert SubmissionRunner.gpu_allowance(runner, {"op": "flash", "device": "cuda", "case": case}) > 0
 
 
 def test_a_case_past_a_timeout_fails_at_once_without_starting_the_runner_again(ledger):
