@@ -9,8 +9,9 @@ from types import SimpleNamespace
 
 import pytest
 
-from fa2_sandbox.harness.client import SubmissionRunner
+from fa2_sandbox.harness.client import Reply, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.checks import timed_window as tw
 
@@ -36,17 +37,17 @@ class FakeRunner:
     def call(self, request, timeout):
         self.log.append((self.name, request["passes"], request["per_sync"], round(timeout, 3)))
         if self.fail:
-            return SimpleNamespace(ok=False, status="error", phases={}, message="RuntimeError: boom")
+            return Reply(outcomes.ERROR, message="RuntimeError: boom")
         ms, self.first_call_ms = self.first_call_ms or self.ms, None
         phases, start = {"timed": self.clock.now}, self.clock.now
         for i in range(1, request["passes"] + 1):
             if self.clock.now + ms / 1000 > start + timeout:
                 self.clock.now = start + timeout
-                return SimpleNamespace(ok=False, status="timeout", phases=phases, message="timed out")
+                return Reply(outcomes.TIMEOUT, message="timed out", phases=phases)
             self.clock.now += ms / 1000
             if i % request["per_sync"] == 0 or i == request["passes"]:
                 phases[f"pass {i}"] = self.clock.now
-        return SimpleNamespace(ok=True, status="ok", phases=phases, message="")
+        return Reply(outcomes.OK, phases=phases)
 
 
 def window(student_ms, reference_ms=1.5, student_passes=12, fail=False, disturbed=None):
@@ -201,8 +202,8 @@ def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_se
         def fail(self, sentence, evidence="", outcome="failed", **details):
             raise Failed(sentence, evidence, outcome)
 
-    timed_out = SimpleNamespace(ok=False, status="timeout", message="timed out after 20 s in setup", seconds=20.0)
-    ready = SimpleNamespace(ok=True, status="ok", message="", seconds=3.0)
+    timed_out = Reply(outcomes.TIMEOUT, message="timed out after 20 s in setup", seconds=20.0)
+    ready = Reply(outcomes.OK, seconds=3.0)
     grading = SimpleNamespace(seed=5)
     case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096, head_dim=64, dtype="bfloat16", is_causal=True)
     with pytest.raises(Failed) as failed:
