@@ -143,13 +143,13 @@ class WorkerPlugin:
     def pytest_collection_modifyitems_heavy_first(self, items):
         # Every worker sorts alike, as xdist requires (the sorts are stable).
         if self.state.sharded:
-            items.sort(key=lambda item: shard_of(item).rank)
+            items.sort(key=lambda item: shard_given(item).rank)
         else:  # a runner's distributed checks one after another: its ranks serve them all
             items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
 
         def runner_group(item):
             name = submission_of(item)
-            return shards.group_name(name, shard_of(item)) if name is not None else None
+            return shards.group_name(name, shard_given(item)) if name is not None else None
 
         shards.groups_together(items, runner_group)
         shards.smallest_case_first(items, runner_group)
@@ -203,7 +203,7 @@ class WorkerPlugin:
         self.state.close()  # this process's runners
 
 
-def shard_of(item) -> shards.Shard:
+def shard_given(item) -> shards.Shard:
     """The shard collection gave a grading test (the whole submission's for any other test)."""
     state = item.stash.get(TEST_STATE, None)
     return state.shard if state is not None else shards.WHOLE
