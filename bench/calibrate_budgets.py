@@ -18,16 +18,17 @@ sys.path.insert(0, str(ROOT))
 
 from fa2_sandbox.harness.client import SubmissionRunner  # noqa: E402
 from fa2_sandbox.harness.discover import load_submission  # noqa: E402
+from fa2_sandbox.wire import requests  # noqa: E402
 from fa2_sandbox.wire.cases import FlashCase  # noqa: E402
 from grading.checks import timed_window as tw  # noqa: E402
 from grading.rubric import Rubric  # noqa: E402
 
 
-def pass_ms(runner, request, seed, passes) -> float:
+def pass_ms(runner, slot, case, seed, passes) -> float:
     """A pass's milliseconds over `passes` timed passes of one runner, alone on the GPU: the fastest
     of its stretches, as the suite reads a side's time (timed_window.fastest)."""
-    runner.call({**request, "op": "prepare_timing", "seeds": tw.timed_seeds(seed, passes)}, 600)
-    reply = runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": tw.stretches(passes, 3)}, 600)
+    runner.call(requests.PrepareTiming(slot, case, seed, passes), 600)
+    reply = runner.call(requests.TimePasses(case, passes, tw.stretches(passes, 3)), 600)
     if not reply.ok:
         raise SystemExit(f"{runner.submission.name} failed: {reply.status} {reply.message}")
     return tw.fastest(tw.pass_times_ms(reply.phases))
@@ -48,12 +49,11 @@ def main():
                    for name, path in (("reference", "reference"), ("reference-again", "reference"),
                                       ("tiles16", "slow/tiles16"))}
         ratios = {"reference": [], "tiles16": []}
-        request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
         try:
             for runner in runners.values():
-                runner.call({**request, "op": "warm_timing", "seed": 99}, 600)
+                runner.call(requests.WarmTiming(slot, case, 99), 600)
             for run in range(args.runs):
-                times = {name: pass_ms(runner, request, 100 + 100 * run, tw.MAX_PASSES)
+                times = {name: pass_ms(runner, slot, case, 100 + 100 * run, tw.MAX_PASSES)
                          for name, runner in runners.items()}
                 ratios["reference"].append(times["reference-again"] / times["reference"])
                 ratios["tiles16"].append(times["tiles16"] / times["reference"])

@@ -4,7 +4,7 @@
     python bench/input_check_cost.py --cuda     # the Triton slot's largest cases, on the GPU
 
 Each flash call copies q, k, v and dO before the forward and compares them bit for bit after the
-forward and after the backward (fa2_sandbox/runner/input_changes.py, serve.Runner.op_flash). For
+forward and after the backward (fa2_sandbox/runner/input_changes.py, serve.Runner.flash). For
 each case this prints the median time of that copy and the two comparisons, of what the runner
 did before (a copy and one comparison with torch.equal), and of the reference's forward and
 backward. notes/input-checks.md has the figures.

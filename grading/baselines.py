@@ -12,6 +12,7 @@ import contextlib
 import torch
 import torch.nn.functional as F
 
+from fa2_sandbox.wire import requests
 from fa2_sandbox.wire.training import build_model, make_batches, training_loss
 
 WORLD_SIZE = 2
@@ -106,7 +107,7 @@ def train_baseline(session, dtype=None, lr=FSDP_LR, steps=FSDP_STEPS, rows=slice
         model = build_model(FSDP_MODEL, session.seed)
         if dtype is not None:
             cast_compute(model, getattr(torch, dtype))
-        x, y = make_batches(FSDP_MODEL, session.seed + 3, FSDP_STEPS, FSDP_BATCH)
+        x, y = make_batches(FSDP_MODEL, requests.data_seed("fsdp", session.seed), FSDP_STEPS, FSDP_BATCH)
         optimizer = torch.optim.SGD(model.parameters(), lr=lr)
         for step in range(steps):
             optimizer.zero_grad()

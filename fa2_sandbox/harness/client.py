@@ -40,14 +40,11 @@ from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire import tensors as wire_tensors
-from fa2_sandbox.wire.cases import FlashCase
 from fa2_sandbox.wire.channel import Channel, ChannelClosed, ReceiveTimeout
 
 LOG_TAIL_BYTES = 8192
-# The runner operations that run a flash case on the GPU, and so reserve its memory there.
-GPU_OPS = ("flash", "warm_timing", "prepare_timing", "time_passes")
 MAX_PHASES = 64
 
 
@@ -118,8 +115,8 @@ class GpuCrowded(RuntimeError):
     processes fill the card), never the student's; the plugin records it as a grader error."""
 
 
-def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, reserve: int | None = None) -> Reply:
-    """`call(request, holding)` on the GPU, the runner held to its allowance (request["gpu_allowance"]).
+def call_on_gpu(ledger, call, allowance: int, label: str, note, runner=None, reserve: int | None = None) -> Reply:
+    """`call(holding)` on the GPU, the runner held to its `allowance` of GPU bytes.
 
     It first reserves `reserve` bytes (default: the whole allowance): what the call needs unless the
     class holds N x N matrices, which the allowance allows but few classes use (a dense backward:
@@ -134,17 +131,16 @@ def call_on_gpu(ledger, call, request: dict, label: str, note, runner=None, rese
     was full (the neighbours' memory), the call runs again with its whole allowance reserved, then
     with the GPU to itself, and if the device is full even then it is the grader's fault
     (GpuCrowded), never a crash of the student's."""
-    allowance = request["gpu_allowance"]
     reservations = [reserve, allowance] if reserve is not None and reserve < allowance else [allowance]
     for nbytes in reservations:
         with ledger.reserve(nbytes, label, say=note, runner=runner() if runner else None) as holding:
-            reply = call(request, holding)
+            reply = call(holding)
         if reply.oom != outcomes.OOM_GPU_FULL:
             return reply
         note(f"the GPU was full of other processes' memory ({reply.message[:200]}) with {gib(nbytes)} reserved")
     note("running the call again with the GPU to itself")
     with ledger.alone(label, say=note):
-        reply = call(request, None)
+        reply = call(None)
     if reply.oom == outcomes.OOM_GPU_FULL:
         raise GpuCrowded(f"the GPU had no room for {gib(allowance)} even with no other check on it: "
                          f"{reply.message[:300]}")
@@ -335,10 +331,10 @@ class SubmissionRunner:
                 return message
 
     @staticmethod
-    def _family(request: dict) -> tuple:
-        return request.get("op"), request.get("slot"), request.get("backward", True)
+    def _family(request: requests.Request) -> tuple:
+        return request.op, getattr(request, "slot", None), getattr(request, "backward", True)
 
-    def _after_a_timeout(self, request: dict) -> "Reply | None":
+    def _after_a_timeout(self, request: requests.Request) -> "Reply | None":
         """The reply of a case at least as large as one that timed out (same op, slot and
         direction): it is not run, and fails at once with that timeout's message."""
         size, earlier = self._case_size(request), self._timed_out.get(self._family(request))
@@ -347,11 +343,8 @@ class SubmissionRunner:
         return None
 
     @staticmethod
-    def _case_size(request: dict):
-        try:
-            return FlashCase.from_json(request["case"]).work
-        except (TypeError, KeyError):
-            return None
+    def _case_size(request: requests.Request) -> int | None:
+        return request.case.work if isinstance(request, requests.FlashRequest) else None
 
     def import_failure(self) -> "Reply | None":
         """The import_error Reply every call would get, or None. Like a call, it starts the runner
@@ -372,15 +365,12 @@ class SubmissionRunner:
             return None
         return self.import_failure()
 
-    def gpu_allowance(self, request: dict, dense_backward: bool | None = None):
-        """The GPU memory a request may use (FlashCase.gpu_allowance_bytes), or None off the GPU;
+    def gpu_allowance(self, request: requests.Request, dense_backward: bool | None = None) -> int | None:
+        """The GPU memory a request may use (requests.Request.gpu_allowance), or None off the GPU;
         `dense_backward=False`: without room for N x N scores, what a tiled class needs."""
-        if request.get("device") != "cuda" or request.get("op") not in GPU_OPS:
-            return None
-        dense = self.dense_backward if dense_backward is None else dense_backward
-        return FlashCase.from_json(request["case"]).gpu_allowance_bytes(dense)
+        return request.gpu_allowance(self.dense_backward if dense_backward is None else dense_backward)
 
-    def call(self, request: dict, timeout: float, what: str = "", until: float | None = None) -> Reply:
+    def call(self, request: requests.Request, timeout: float, what: str = "", until: float | None = None) -> Reply:
         """Send one request (see _call); on a GPU, admitted by its ledger (call_on_gpu). The runner
         starts before the reservation: its start (Python, torch, the student's imports) holds no
         GPU memory back from the others, and a window can then name its processes to pause.
@@ -395,8 +385,9 @@ class SubmissionRunner:
             return skipped  # without starting the runner again that the timeout stopped
         if self.import_failure() is not None or self.process is None:
             return self._call(request, timeout, what, until=until)  # the import error, without holding the GPU
-        return call_on_gpu(self.gpu_ledger, lambda r, holding: self._call(r, timeout, what, holding, until),
-                           {**request, "gpu_allowance": allowance}, f"{self.submission.name}: {request['op']} {what}",
+        return call_on_gpu(self.gpu_ledger,
+                           lambda holding: self._call(request, timeout, what, holding, until, allowance),
+                           allowance, f"{self.submission.name}: {request.op} {what}",
                            self.note, runner=self.identity, reserve=self.gpu_allowance(request, dense_backward=False))
 
     def identity(self) -> "dict | None":
@@ -406,10 +397,12 @@ class SubmissionRunner:
             return None
         return runner_identity(self.process, self.uid)
 
-    def _call(self, request: dict, timeout: float, what: str = "", holding=None, until: float | None = None) -> Reply:
+    def _call(self, request: requests.Request, timeout: float, what: str = "", holding=None,
+              until: float | None = None, gpu_allowance: int | None = None) -> Reply:
         """Send one request; `what` describes the case for messages, e.g. 'N=4096, causal'.
         `holding` (gpu_ledger.Holding) says how long a timing window paused the runner: the
-        call's deadline moves by as much, never past `until` (see call).
+        call's deadline moves by as much, never past `until` (see call). The runner holds itself
+        to `gpu_allowance` bytes of GPU memory (call_on_gpu).
 
         A case at least as large as one that already timed out (same op, slot and direction) is
         not run again: it fails at once with that timeout's message, so a submission that hangs
@@ -430,9 +423,8 @@ class SubmissionRunner:
             timeout = round(max(0.0, min(timeout, until - time.monotonic())), 1)
         self.calls += 1
         tag = f"call{self.calls}-{secrets.token_hex(4)}"  # unguessable: forged replies cannot match it
-        request = {**request, "tag": tag}
         try:
-            self.channel.send(request)
+            self.channel.send(requests.envelope(request, tag, gpu_allowance))
         except BrokenPipeError:
             return self._died("setup", what)
         message = self._wait_done("setup", timeout, what=what, holding=holding, until=until)

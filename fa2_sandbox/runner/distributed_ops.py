@@ -33,6 +33,7 @@ from fa2_sandbox import PROJECT_ROOT
 from fa2_sandbox.runner.errors import describe
 from fa2_sandbox.runner.instruments import DtypeWatch
 from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire.requests import rank_model_seed
 from fa2_sandbox.wire.toy_models import course_layers
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches, training_loss
 
@@ -219,7 +220,7 @@ def ddp_rank(rank: int, world_size: int, spec: dict) -> dict:
     wrap_args = (spec["bucket_size_mb"],) if spec["flavour"] == "bucketed" else ()
 
     def train(model_name, result):
-        model = build_model(model_name, spec["model_seed"] + rank)
+        model = build_model(model_name, rank_model_seed(spec["model_seed"], rank))
         bare_params = dict(model.named_parameters())
         bare_buffers = dict(model.named_buffers())
         x, y = make_batches(model_name, spec["data_seed"], spec["steps"], spec["batch"])

@@ -24,9 +24,9 @@ import torch
 from fa2_sandbox.runner import distributed_ops, flash_call, input_changes, instruments
 from fa2_sandbox.runner.errors import describe, import_failure
 from fa2_sandbox.runner.ranks import RankPool
-from fa2_sandbox.wire import course_env, outcomes
+from fa2_sandbox.wire import course_env, outcomes, requests
 from fa2_sandbox.wire import tensors as wire_tensors
-from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
+from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from fa2_sandbox.wire.channel import Channel
 
 try:
@@ -105,9 +105,8 @@ def out_of_memory(exc: BaseException):
     return None
 
 
-def hold_to_allowance(request: dict) -> None:
+def hold_to_allowance(allowance: int | None) -> None:
     """Cap this process's GPU allocations at the call's allowance (gpu_ledger.py), when it has one."""
-    allowance = request.get("gpu_allowance")
     if allowance and torch.cuda.is_available():
         total = torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
         SET_MEMORY_FRACTION(min(1.0, allowance / total))
@@ -132,9 +131,9 @@ def gpu_peak() -> int:
     return 0
 
 
-def synchronize(request: dict) -> None:
-    """Wait for the request's device (a timed pass ends when its kernels have run)."""
-    if request.get("device") == "cuda":
+def synchronize(device: str) -> None:
+    """Wait for the device (a timed pass ends when its kernels have run)."""
+    if device == "cuda":
         SYNC()
 
 
@@ -202,19 +201,23 @@ class Runner:
         self.channel, self.module, self.exchange = channel, module, exchange
         self.rank_pool = None  # the ranks of the last distributed call, kept for the next one
         self.timed = None  # a timing budget's prepared inputs and last outputs, between its calls
+        self.tag = None  # the call being served: its tensors are saved under it
+        self.handlers = {requests.Flash: self.flash, requests.WarmTiming: self.warm_timing,
+                         requests.PrepareTiming: self.prepare_timing, requests.TimePasses: self.time_passes,
+                         requests.EndTiming: self.end_timing, requests.Distributed: self.distributed}
 
     def phase(self, name: str) -> None:
         self.channel.send({"event": "phase", "phase": name})
 
-    def save(self, tag: str, tensors: dict) -> str:
-        return wire_tensors.save(self.exchange, tag, tensors)
+    def save(self, tensors: dict) -> str:
+        return wire_tensors.save(self.exchange, self.tag, tensors)
 
-    def op_flash(self, request: dict) -> dict:
-        case = FlashCase.from_json(request["case"])
-        cls = call_adapter(self.module, FLASH_SLOTS[request["slot"]])
-        q, k, v, do = make_inputs(case, request["seed"], request["device"])
+    def flash(self, request: requests.Flash) -> dict:
+        case = request.case
+        cls = call_adapter(self.module, FLASH_SLOTS[request.slot])
+        q, k, v, do = make_inputs(case, request.input_seed, request.device)
         allow_recompiles()
-        if request.get("warmup"):  # compile and autotune outside the measured calls
+        if request.warmup:  # compile and autotune outside the measured calls
             try:
                 flash_call.run_flash(cls, q, k, v, do, case.is_causal)
             except Exception as exc:  # the calls below raise it again where it belongs (a missing backward
@@ -241,7 +244,7 @@ class Runner:
         if result["changed_inputs"]["forward"]:
             before = input_changes.snapshot(caller)
 
-        if request.get("backward", True):
+        if request.backward:
             self.phase("backward")
             try:
                 with instruments.Watch() as watch:
@@ -260,7 +263,7 @@ class Runner:
                 result["backward"] = watch.report()
             result["changed_inputs"]["backward"] = input_changes.changes(before, caller)
         result["devices"] = {name: str(t.device) for name, t in tensors.items() if isinstance(t, torch.Tensor)}
-        result["tensors"] = self.save(request["tag"], tensors)
+        result["tensors"] = self.save(tensors)
         return result
 
     # -- a timing budget's passes (grading/checks/timed_window.py) -------------------------------
@@ -269,64 +272,65 @@ class Runner:
     # saving the outputs happen in calls of their own, outside the harness's window of the GPU's
     # time: only the passes pause the other runners. Every pass gets inputs never seen before, and
     # the last pass's outputs are judged, so a cached or replayed answer fails.
-    def op_warm_timing(self, request: dict) -> dict:
+    def warm_timing(self, request: requests.WarmTiming) -> dict:
         """A pass that compiles and autotunes, then, unless that one took over `once_over_s`, a
         second (a slow kernel's second pass would only double its cost). Nothing here is timed:
         the first pass of a timing window is (grading/checks/timed_window.py)."""
-        case = FlashCase.from_json(request["case"])
-        cls = call_adapter(self.module, FLASH_SLOTS[request["slot"]])
-        q, k, v, do = make_inputs(case, request["seed"], request["device"])
+        case = request.case
+        cls = call_adapter(self.module, FLASH_SLOTS[request.slot])
+        q, k, v, do = make_inputs(case, request.seed, request.device)
         allow_recompiles()
         started = CLOCK()
         flash_call.run_flash(cls, q, k, v, do, case.is_causal, copies=False)
-        synchronize(request)
-        if CLOCK() - started <= request.get("once_over_s", float("inf")):
+        synchronize(request.device)
+        if request.once_over_s is None or CLOCK() - started <= request.once_over_s:
             flash_call.run_flash(cls, q, k, v, do, case.is_causal, copies=False)
-            synchronize(request)
+            synchronize(request.device)
         return {}
 
-    def op_prepare_timing(self, request: dict) -> dict:
+    def prepare_timing(self, request: requests.PrepareTiming) -> dict:
         """Draw the inputs of the passes to come, one per seed, and keep them on the device."""
-        case = FlashCase.from_json(request["case"])
-        self.timed = {"cls": call_adapter(self.module, FLASH_SLOTS[request["slot"]]), "case": case, "last": None,
-                      "inputs": [(seed, make_inputs(case, seed, request["device"])) for seed in request["seeds"]]}
-        synchronize(request)
+        case = request.case
+        self.timed = {"cls": call_adapter(self.module, FLASH_SLOTS[request.slot]), "case": case, "last": None,
+                      "inputs": [(seed, make_inputs(case, seed, request.device)) for seed in request.seeds]}
+        synchronize(request.device)
         return {"prepared": len(self.timed["inputs"])}
 
-    def op_time_passes(self, request: dict) -> dict:
+    def time_passes(self, request: requests.TimePasses) -> dict:
         """`passes` forward+backward passes on the next prepared inputs, synchronized after every
         `per_sync` of them (and after the last), each time followed by the phase "pass i", i the
         passes done: between two synchronizes the passes queue on the device as they would in a
         training loop. The last pass's outputs are kept, as returned. With `cycle` (the grader's
         reference only) the passes go round the prepared inputs, which stay."""
-        timed, per_sync, cycle = self.timed, request.get("per_sync", 1), request.get("cycle", False)
-        if not timed["inputs"] or (not cycle and len(timed["inputs"]) < request["passes"]):
-            raise RuntimeError(f"{request['passes']} passes asked for, {len(timed['inputs'])} inputs prepared")
+        timed, passes, per_sync, cycle = self.timed, request.passes, request.per_sync, request.cycle
+        if timed is None or not timed["inputs"] or (not cycle and len(timed["inputs"]) < passes):
+            prepared = len(timed["inputs"]) if timed is not None else 0
+            raise RuntimeError(f"{passes} passes asked for, {prepared} inputs prepared")
         self.phase("timed")
-        for i in range(1, request["passes"] + 1):
+        for i in range(1, passes + 1):
             if cycle:
                 seed, (q, k, v, do) = timed["inputs"][i % len(timed["inputs"])]
             else:
                 seed, (q, k, v, do) = timed["inputs"].pop(0)
-            last = i == request["passes"]
+            last = i == passes
             got = flash_call.run_flash(timed["cls"], q, k, v, do, timed["case"].is_causal, copies=last)
             if last or i % per_sync == 0:
-                synchronize(request)
+                synchronize(request.device)
                 self.phase(f"pass {i}")
             del q, k, v, do
         timed["last"] = (seed, got)
-        return {"passes": request["passes"]}
+        return {"passes": passes}
 
-    def op_end_timing(self, request: dict) -> dict:
+    def end_timing(self, request: requests.EndTiming) -> dict:
         """The prepared inputs left go; with `save`, the last timed pass's outputs come back, with
         the seed of its inputs."""
         timed, self.timed = self.timed, None
-        if not request.get("save") or timed is None or timed["last"] is None:
+        if not request.save or timed is None or timed["last"] is None:
             return {}
         seed, got = timed["last"]
-        return {"tensors": self.save(request["tag"], got), "seed": seed}
+        return {"tensors": self.save(got), "seed": seed}
 
-    def op_distributed(self, request: dict) -> dict:
+    def distributed(self, request: requests.Distributed) -> dict:
         """Train on spawned ranks (fa2_sandbox.runner.distributed_ops); per scenario, what each rank returned.
 
         Gloo on CPU tensors, GPUs or not: the checks are about numerics and the order of
@@ -336,17 +340,17 @@ class Runner:
         not attempted.
         """
         fn = {"ddp": distributed_ops.ddp_rank, "sharded": distributed_ops.sharded_rank,
-              "fsdp": distributed_ops.fsdp_rank}[request["kind"]]
+              "fsdp": distributed_ops.fsdp_rank}[request.kind]
         self.phase("ranks")
         try:
             with distributed_ops.trusted_first() as sys_path:
-                spec = {**request["spec"], "module_name": self.module.__name__,
-                        "module_file": self.module.__file__, "sys_path": sys_path}
-                world_size = request.get("world_size", 2)
-                if self.rank_pool is None or self.rank_pool.world_size != world_size:
+                spec = {**request.spec, "model_seed": request.model_seed, "data_seed": request.data_seed,
+                        "module_name": self.module.__name__, "module_file": self.module.__file__,
+                        "sys_path": sys_path}
+                if self.rank_pool is None or self.rank_pool.world_size != request.world_size:
                     self.end_ranks()
-                    self.rank_pool = RankPool(world_size, backend="gloo")
-                ranks = self.rank_pool.run(fn, spec, timeout_s=request.get("timeout_s", 180), collective_timeout_s=30)
+                    self.rank_pool = RankPool(request.world_size, backend="gloo")
+                ranks = self.rank_pool.run(fn, spec, timeout_s=request.timeout_s, collective_timeout_s=30)
         except RuntimeError as exc:  # "rank 1 of 2 failed:\n<traceback>": keep its last line
             lines = [line for line in str(exc).splitlines() if line.strip()]
             if len(lines) > 1 and lines[0].startswith("rank ") and " failed" in lines[0]:
@@ -366,7 +370,7 @@ class Runner:
                         tensors.update({f"{name}/{rank}/{kind}/{k}": v for k, v in value.items()})
                 per_rank.append({k: v for k, v in s.items() if not isinstance(v, dict)})
             result["scenarios"][name] = per_rank
-        result["tensors"] = self.save(request["tag"], tensors)
+        result["tensors"] = self.save(tensors)
         return result
 
     def end_ranks(self) -> None:
@@ -376,15 +380,16 @@ class Runner:
 
     def serve(self) -> None:
         while True:
-            request = self.channel.receive()
-            if request["op"] != "distributed":  # idle ranks would hold memory and cores through other checks
-                self.end_ranks()
-            op = getattr(self, f"op_{request['op']}", None)
+            message = self.channel.receive()
+            self.tag, allowance = message.get("tag"), message.get("gpu_allowance")
             start = CLOCK()
             try:
-                hold_to_allowance(request)
+                request = requests.from_json(message)
+                if not isinstance(request, requests.Distributed):  # idle ranks would hold memory and cores
+                    self.end_ranks()                                # through other checks
+                hold_to_allowance(allowance)
                 reset_gpu_peak()
-                result = op(request)
+                result = self.handlers[type(request)](request)
                 reply = {"event": "done", "status": outcomes.OK, "result": result}
             except NotAttempted as exc:
                 reply = {"event": "done", "status": outcomes.NOT_ATTEMPTED, "message": str(exc)}
@@ -393,11 +398,11 @@ class Runner:
                          "traceback": traceback.format_exc(limit=-8)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner
-                    reply.update(oom=oom, restart=True, gpu_allowance=request.get("gpu_allowance"))
+                    reply.update(oom=oom, restart=True, gpu_allowance=allowance)
             reply["seconds"] = CLOCK() - start
-            reply["tag"] = request.get("tag")
+            reply["tag"] = self.tag
             reply["gpu_peak"] = gpu_peak()
-            if request["op"] != "time_passes":  # a window's next call would allocate it all again
+            if message.get("op") != requests.TimePasses.op:  # a window's next call would allocate it all again
                 give_back_gpu_memory()
             self.channel.send(reply)
 

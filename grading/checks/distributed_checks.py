@@ -6,7 +6,7 @@ are compared with, and how, is grading/baselines.py.
 import math
 import re
 
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import outcomes, requests
 from grading.baselines import WORLD_SIZE, close, max_diff, names
 
 # -- talking to the runner --------------------------------------------------------------------
@@ -15,8 +15,7 @@ def distributed_call(session, submission, kind, spec, what):
     """One spawn of WORLD_SIZE gloo ranks running `kind` ("ddp", "sharded", "fsdp") on `spec`,
     shared by every check that reads it."""
     timeout = session.rubric.timeout("distributed")
-    request = {"op": "distributed", "kind": kind, "spec": spec, "world_size": WORLD_SIZE,
-               "timeout_s": max(30.0, timeout - 20)}
+    request = requests.Distributed(kind, session.seed, spec, WORLD_SIZE, timeout_s=max(30.0, timeout - 20))
     # call_cached keys every reply by its submission as well (replies never cross submissions),
     # so this is one spawn per kind and DDP flavour for each submission.
     key = ("distributed", kind, spec.get("flavour"))

@@ -6,9 +6,10 @@ test_flash.py, test_memory.py and test_timing.py import from here; no check impo
 check module.
 """
 import re
+from dataclasses import replace
 from functools import lru_cache
 
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from grading.diagnoses import mistakes
 from grading.matrix import COURSE_CASE, replay_cases, slot_device
@@ -50,13 +51,6 @@ def flash_timeout(session, slot, device) -> float:
     return session.rubric.timeout("flash_interpreted" if slot == "triton" and device == "cpu" else "flash")
 
 
-def replay_seed(seed: int) -> int:
-    """The seed of a case's second input (run_case): one no other call draws from. It differs in
-    the low 32 bits, the only ones the CPU generator keeps, and in a pattern that adding a few
-    thousand (the timing checks' seeds) cannot give."""
-    return seed ^ 0x9E3779B9
-
-
 def run_case(session, submission, slot, case, warmup=False, device=None, second=False):
     """The runner's reply and tensors for one case, shared by the checks that read them.
     `warmup` runs the case once first, so compiling and autotuning stay out of measurements.
@@ -66,8 +60,7 @@ def run_case(session, submission, slot, case, warmup=False, device=None, second=
     asked first, so what the second answer shows is the same in every schedule. `second` returns
     its reply and tensors instead, or (None, None) where the case's own call failed."""
     device = device or slot_device(slot, session.on_gpu)
-    request = {"op": "flash", "slot": slot, "case": case.to_json(), "seed": session.seed,
-               "device": device, "warmup": warmup}
+    request = requests.Flash(slot, case, session.seed, device, warmup=warmup)
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
     timeout = flash_timeout(session, slot, device)
     answer = session.call_cached(submission, ("flash", slot, case, device), request, timeout, what)
@@ -75,7 +68,7 @@ def run_case(session, submission, slot, case, warmup=False, device=None, second=
         and case in [c for _, c in replay_cases(slot, session.on_gpu)]
     if asked_again:
         again = session.call_cached(submission, ("second input", slot, case, device),
-                                    {**request, "seed": replay_seed(session.seed)}, timeout, f"{what}, a second input")
+                                    replace(request, second_input=True), timeout, f"{what}, a second input")
     if second:
         return again if asked_again else (None, None)
     return answer

@@ -34,6 +34,7 @@ import torch
 import torch.nn.functional as F
 
 from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire.requests import data_seed, rank_model_seed
 from fa2_sandbox.wire.training import DDP_FLAVOURS, build_model, make_batches
 from grading.baselines import (
     DDP_BATCH,
@@ -92,15 +93,13 @@ def check_of(test: str, params: dict) -> tuple:
 
 
 def ddp_run(session, submission, flavour):
-    spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "model_seed": session.seed,
-            "data_seed": session.seed + 1, "steps": DDP_STEPS, "batch": DDP_BATCH, "lr": DDP_LR,
-            "bucket_size_mb": BUCKET_SIZE_MB}
+    spec = {"flavour": flavour, "models": [*DDP_MODELS, BUFFERED_MODEL], "steps": DDP_STEPS, "batch": DDP_BATCH,
+            "lr": DDP_LR, "bucket_size_mb": BUCKET_SIZE_MB}
     return distributed_call(session, submission, "ddp", spec, f"DDP {flavour}, {WORLD_SIZE} gloo ranks")
 
 
 def sharded_run(session, submission):
-    spec = {"model": SHARDED_MODEL, "model_seed": session.seed, "data_seed": session.seed + 2,
-            "steps": SHARDED_STEPS, "batch": SHARDED_BATCH,
+    spec = {"model": SHARDED_MODEL, "steps": SHARDED_STEPS, "batch": SHARDED_BATCH,
             "scenarios": [{"name": name, **s} for name, s in SHARDED_SCENARIOS.items()]}
     return distributed_call(session, submission, "sharded", spec, f"sharded optimizer, {WORLD_SIZE} gloo ranks")
 
@@ -154,7 +153,7 @@ def test_ddp_equivalence(session, submission, check, flavour, model_name):
     gate_flavour(c, session, submission, flavour, model_name)
     reply, tensors = ddp_run(session, submission, flavour)
     ranks = settle_scenario(c, reply, model_name, ddp_labels(flavour))
-    expected = train_single(model_name, session.seed, session.seed + 1)
+    expected = train_single(model_name, session.seed, data_seed("ddp", session.seed))
     finals = [pick(tensors, model_name, r, "final") for r in range(len(ranks))]
     if missing := [n for n in expected if n not in finals[0]]:
         c.fail(f"the wrapper does not expose the model's parameters {names(missing)} through named_parameters().")
@@ -185,7 +184,7 @@ def test_ddp_broadcast(session, submission, check, flavour):
         checked.append(model_name)
         want = {n: p.detach() for n, p in build_model(model_name, session.seed).named_parameters()}
         for r in range(len(ranks)):
-            own_params = dict(build_model(model_name, session.seed + r).named_parameters())
+            own_params = dict(build_model(model_name, rank_model_seed(session.seed, r)).named_parameters())
             got = pick(tensors, model_name, r, "initial")
             bad = [n for n in want if not close(got[n], want[n])]
             if not bad:
@@ -231,7 +230,8 @@ def test_ddp_buffers(session, submission, check, flavour):
         dict(build_model(BUFFERED_MODEL, session.seed).named_buffers()),
         [pick(tensors, BUFFERED_MODEL, r, "buffers") for r in range(len(ranks))],
         [pick(tensors, BUFFERED_MODEL, r, "buffers1") for r in range(len(ranks))],
-        [dict(build_model(BUFFERED_MODEL, session.seed + r).named_buffers()) for r in range(len(ranks))])
+        [dict(build_model(BUFFERED_MODEL, rank_model_seed(session.seed, r)).named_buffers())
+         for r in range(len(ranks))])
     if sentence:
         c.fail(sentence, evidence)
     c.ok(f"{note} ({BUFFERED_MODEL} model)")
@@ -304,7 +304,7 @@ def train_unsharded(session, scenario):
     s = SHARDED_SCENARIOS[scenario]
     with one_thread():
         model = build_model(SHARDED_MODEL, session.seed)
-        x, y = make_batches(SHARDED_MODEL, session.seed + 2, SHARDED_STEPS, SHARDED_BATCH)
+        x, y = make_batches(SHARDED_MODEL, data_seed("sharded", session.seed), SHARDED_STEPS, SHARDED_BATCH)
         held = s.get("held_out", [])
         cls = getattr(torch.optim, s["optimizer"])
         optimizer = cls([p for n, p in model.named_parameters() if n not in held], **s["kwargs"])

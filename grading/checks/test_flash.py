@@ -17,7 +17,7 @@ from functools import partial
 import pytest
 import torch
 
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire.cases import FLASH_SLOTS
 from grading.checks.changed_inputs import changed_inputs, name_changed_inputs
 from grading.checks.flash_checks import (
@@ -213,8 +213,7 @@ def test_hygiene(session, submission, check, slot, tier, case):
                f"logsumexp in float32, as the handout keeps l and m, since the backward's exp(S - L) needs its digits.")
     device = slot_device(slot, session.on_gpu)
     again = session.runner(submission).call(
-        {"op": "flash", "slot": slot, "case": case.to_json(), "seed": session.seed, "device": device,
-         "backward": False},
+        requests.Flash(slot, case, session.seed, device, backward=False),
         flash_timeout(session, slot, device))  # not run_case: its replies are cached, and this is a second call
     c.settle_reply(again)
     if not torch.equal(again.tensors["o"], tensors["o"]):

@@ -80,8 +80,7 @@ def check_of(test: str, params: dict) -> tuple:
 
 
 def fsdp_run(session, submission):
-    spec = {"model": FSDP_MODEL, "model_seed": session.seed, "data_seed": session.seed + 3,
-            "steps": FSDP_STEPS, "batch": FSDP_BATCH, "lr": FSDP_LR,
+    spec = {"model": FSDP_MODEL, "steps": FSDP_STEPS, "batch": FSDP_BATCH, "lr": FSDP_LR,
             "scenarios": [{"name": name, "compute_dtype": dtype} for name, dtype in PRECISIONS.items()]}
     return distributed_call(session, submission, "fsdp", spec, f"FSDP, {WORLD_SIZE} gloo ranks")
 

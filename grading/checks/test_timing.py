@@ -17,7 +17,7 @@ from fa2_sandbox.harness.client import PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.harness.gpu_ledger import wait_for_idle_gpu
 from fa2_sandbox.harness.watchdog import ahead_of_the_others, runner_pids
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
 from grading.checks.flash_checks import oracle_bytes, stored_as
@@ -78,15 +78,15 @@ def check_of(test: str, params: dict) -> tuple:
     return "timing", f"flash_{params['slot']}", "timing"
 
 
-def both(runners, requests, timeout, student_until=None):
-    """One call on each runner at once, each in a thread of its own; their replies. `timeout`: the
-    seconds of both calls, or a pair (the student's, the reference's); `student_until`: when the
-    student's call ends whatever held it (SubmissionRunner.call)."""
+def both(runners, asked, timeout, student_until=None):
+    """One call on each runner at once (the requests `asked`), each in a thread of its own; their
+    replies. `timeout`: the seconds of both calls, or a pair (the student's, the reference's);
+    `student_until`: when the student's call ends whatever held it (SubmissionRunner.call)."""
     timeouts = timeout if isinstance(timeout, tuple) else (timeout, timeout)
     untils = (student_until, None)
     with ThreadPoolExecutor(2) as pool:
         return list(pool.map(lambda call: call[0].call(call[1], call[2], until=call[3]),
-                             zip(runners, requests, timeouts, untils)))
+                             zip(runners, asked, timeouts, untils)))
 
 
 def sdpa_peer(case, seed):
@@ -129,7 +129,6 @@ def test_budget(session, submission, check, slot):
     if not session.on_gpu:
         c.not_here("it needs a GPU: timing budgets are measured on CUDA")
     session.fail_if_stub(c, submission, FLASH_SLOTS[slot])
-    request = {"slot": slot, "case": case.to_json(), "device": "cuda"}
     timeout = session.rubric.timeout("timing")
     student = session.runner(submission)
     if (failure := student.import_failure()) is not None:
@@ -137,15 +136,15 @@ def test_budget(session, submission, check, slot):
     reference.import_failure()
     runners = (student, reference)
     try:
-        timing = measure_budget(c, session, submission, runners, request, case, budget, timeout, began)
+        timing = measure_budget(c, session, submission, runners, slot, case, budget, timeout, began)
     finally:  # the prepared inputs left on the GPU go
         for runner in runners:
             if runner.process is not None:
-                runner.call({**request, "op": "end_timing"}, timeout)
+                runner.call(requests.EndTiming(), timeout)
     judge_budget(c, budget, case, timing)
 
 
-def measure_budget(c, session, submission, runners, request, case, budget, timeout, began) -> dict:
+def measure_budget(c, session, submission, runners, slot, case, budget, timeout, began) -> dict:
     """Warm up and prepare both sides outside the window, time them in it, and judge the
     student's last outputs after it: the figures of the timing row (bench/grade_speed.py reads them).
     The warm-up ends `timeout` seconds after `began`, the check's start."""
@@ -157,8 +156,8 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
     # reference's own warm-up keeps the whole limit (its slowness is the grader's, never the student's).
     until = began + timeout
     warm_s = max(1.0, until - time.monotonic())
-    warm = both(runners, [{**request, "op": "warm_timing", "seed": session.seed,
-                           "once_over_s": tw.WARM_ONCE_OVER_S}] * 2, (warm_s, timeout), student_until=until)
+    warm = both(runners, [requests.WarmTiming(slot, case, session.seed, once_over_s=tw.WARM_ONCE_OVER_S)] * 2,
+                (warm_s, timeout), student_until=until)
     if warm[0].timed_out:
         c.fail(f"its warm-up at the timing case ({case.id}: compiling, autotuning and a first forward+backward) "
                f"had not ended {timeout:.0f} s after the check began (its runner's start and import, and any wait "
@@ -168,7 +167,7 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
     if not warm[1].ok:
         c.fail(f"the reference could not be timed here ({warm[1].message}), so no budget applies.",
                outcome=outcomes.ERROR)
-    prepared = both(runners, [{**request, "op": "prepare_timing", "seeds": tw.timed_seeds(session.seed, n)}
+    prepared = both(runners, [requests.PrepareTiming(slot, case, session.seed, n)
                               for n in (tw.MAX_PASSES, tw.REFERENCE_INPUTS)], timeout)
     c.settle_reply(prepared[0])
     if not prepared[1].ok:
@@ -181,12 +180,12 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
     timed = [os.getpid()] + [pid for runner in runners if (identity := runner.identity()) is not None
                              for pid in runner_pids(identity)]
     with ahead_of_the_others(timed) as raised, \
-            session.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {request['slot']}",
+            session.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {slot}",
                                       say=student.note) as window:
         started = time.monotonic()
         window["raised_threads"] = raised
         window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device(), tw.IDLE_WAIT_S)
-        m = tw.measure(student, reference, request, budget["ratio"], started + tw.WINDOW_S)
+        m = tw.measure(student, reference, case, budget["ratio"], started + tw.WINDOW_S)
         time_left = started + tw.WINDOW_S - time.monotonic()
         sdpa_ms = sdpa_median_ms(sdpa) if m.stopped_after_s is None and time_left > tw.SDPA_S else None
         window["measured_s"] = time.monotonic() - started
@@ -207,7 +206,7 @@ def measure_budget(c, session, submission, runners, request, case, budget, timeo
         c.fail(f"the reference could not be timed here ({m.failure.message}), so no budget applies.",
                outcome=outcomes.ERROR)
     if m.stopped_after_s is None:
-        outputs = student.call({**request, "op": "end_timing", "save": True}, timeout)
+        outputs = student.call(requests.EndTiming(save=True), timeout)
         c.settle_reply(outputs)
         judge_timed_outputs(c, session, outputs, case)
     return timing

@@ -50,6 +50,9 @@ input each, never seen before: a class that remembered one could answer a second
 import time
 from dataclasses import dataclass, field
 
+from fa2_sandbox.wire import requests
+from fa2_sandbox.wire.cases import FlashCase
+
 WINDOW_S = 3.0  # the longest a window pauses the other runners
 IDLE_WAIT_S = 0.5  # of which waiting for the paused runners' kernels in flight may take
 WARM_ONCE_OVER_S = 1.5  # a first warm-up pass longer than this is not repeated (a slow kernel's second costs)
@@ -62,11 +65,6 @@ REFERENCE_PASSES = 2 * REFERENCE_STRETCH  # per round, timed in two stretches
 REFERENCE_INPUTS = 6  # prepared by the reference and cycled over by its passes
 DECIDED = 2.0  # a first pass this many times over the budget, and EARLY_MIN_MS long, fails it at once
 EARLY_MIN_MS = 500.0  # about three times the longest disturbance of a first pass seen ("A false failure")
-
-
-def timed_seeds(seed: int, count: int) -> list:
-    """The seeds of a side's timed passes: one input each, none the warm pass's (`seed`)."""
-    return [seed + 1 + i for i in range(count)]
 
 
 def pass_times_ms(phases: dict) -> list:
@@ -122,17 +120,17 @@ class Measured:
         return fastest(self.student_times) / fastest(self.reference_ms)
 
 
-def measure(student, reference, request: dict, budget_ratio: float, deadline: float, clock=time.monotonic,
-            student_passes: int = MAX_PASSES, reference_passes: int = REFERENCE_PASSES) -> Measured:
-    """Steps 1 to 4 above, in the window, before `deadline` (on `clock`). `request` holds the
-    case; the runners have prepared `student_passes` and REFERENCE_INPUTS inputs. The
+def measure(student, reference, case: FlashCase, budget_ratio: float, deadline: float, clock=time.monotonic,
+            student_passes: int = MAX_PASSES, reference_passes: int = REFERENCE_PASSES,
+            device: str = "cuda") -> Measured:
+    """Steps 1 to 4 above, in the window, before `deadline` (on `clock`), at `case` on `device`, for
+    which the runners have prepared `student_passes` and REFERENCE_INPUTS inputs. The
     reference's calls are the grader's own code: they are never stopped at the deadline (its
     second round is left out when the time left would not hold it)."""
     m = Measured()
 
     def timed(runner, passes, per_sync, until, cycle=False):
-        return runner.call({**request, "op": "time_passes", "passes": passes, "per_sync": per_sync, "cycle": cycle},
-                           max(until - clock(), 0.05))
+        return runner.call(requests.TimePasses(case, passes, per_sync, cycle, device), max(until - clock(), 0.05))
 
     def reference_round(step) -> bool:
         started = clock()

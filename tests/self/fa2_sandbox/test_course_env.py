@@ -15,6 +15,7 @@ import pytest
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire import course_env
+from fa2_sandbox.wire.requests import Distributed
 
 ROOT_PYPROJECT = '''
 [project]
@@ -263,9 +264,8 @@ def test_ddp_ranks_import_the_path_dependency(tmp_path):
     runner, ready = start(course_repo(tmp_path / "repo"))
     try:
         assert ready.get("import_error") is None, ready
-        spec = {"flavour": "ddp", "models": ["toy"], "model_seed": 0, "data_seed": 1, "steps": 1, "batch": 4,
-                "lr": 0.1, "bucket_size_mb": 0.001}
-        reply = runner.call({"op": "distributed", "kind": "ddp", "spec": spec, "world_size": 2, "timeout_s": 150},
+        spec = {"flavour": "ddp", "models": ["toy"], "steps": 1, "batch": 4, "lr": 0.1, "bucket_size_mb": 0.001}
+        reply = runner.call(Distributed("ddp", seed=0, spec=spec, world_size=2, timeout_s=150),
                             timeout=180, what="DDP, 2 gloo ranks")
         assert reply.ok, (reply.status, reply.message, reply.traceback, runner.log_tail())
         statuses = [rank["status"] for rank in reply.result["scenarios"]["toy"]]

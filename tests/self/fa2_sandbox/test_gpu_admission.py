@@ -12,6 +12,7 @@ from fa2_sandbox.harness.gpu_ledger import GpuLedger
 from fa2_sandbox.harness.watchdog import runner_identity, runner_pids
 from fa2_sandbox.runner.serve import out_of_memory
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Distributed, Flash, WarmTiming
 
 # The caching allocator's message, as torch words it (c10/cuda/CUDACachingAllocator.cpp).
 REFUSED_AT_BUDGET = ("CUDA out of memory. Tried to allocate 4.00 GiB. GPU 0 has a total capacity of 79.19 GiB of "
@@ -45,10 +46,10 @@ class FakeCall:
     def __init__(self, ledger, replies):
         self.ledger, self.replies, self.seen = ledger, list(replies), []
 
-    def __call__(self, request, holding):
+    def __call__(self, holding):
         holders = self.ledger.holders().values()
         alone = any(h["kind"] == "alone" for h in holders)
-        self.seen.append(("alone" if alone else "shared", request["gpu_allowance"]))
+        self.seen.append("alone" if alone else "shared")
         return self.replies.pop(0)
 
 
@@ -63,22 +64,22 @@ def ledger(tmp_path):
 
 def test_a_call_runs_with_its_budget_reserved(ledger):
     call = FakeCall(ledger, [Reply("ok")])
-    assert call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print).ok
-    assert call.seen == [("shared", 3 << 30)]
+    assert call_on_gpu(ledger, call, 3 << 30, "alice", print).ok
+    assert call.seen == ["shared"]
     assert ledger.holders() == {}
 
 
 def test_the_students_own_budget_running_out_is_their_crash(ledger):
     call = FakeCall(ledger, [oom("gpu_allowance")])
-    reply = call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print)
+    reply = call_on_gpu(ledger, call, 3 << 30, "alice", print)
     assert reply.status == "crash" and len(call.seen) == 1
 
 
 def test_a_full_device_is_never_the_students_crash_the_call_runs_again_alone(ledger):
     notes = []
     call = FakeCall(ledger, [oom("gpu_full"), Reply("ok")])
-    assert call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", notes.append).ok
-    assert call.seen == [("shared", 3 << 30), ("alone", 3 << 30)]
+    assert call_on_gpu(ledger, call, 3 << 30, "alice", notes.append).ok
+    assert call.seen == ["shared", "alone"]
     assert any("running the call again with the GPU to itself" in n for n in notes)
 
 
@@ -88,12 +89,12 @@ def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_onl
     allowance; only a full device makes the call run again, then with the allowance reserved."""
     held = []
 
-    def call(request, holding):
+    def call(holding):
         held.append(sum(h["bytes"] for h in ledger.holders().values()))
         return oom("gpu_full") if len(held) == 1 else Reply("ok")
 
     notes = []
-    assert call_on_gpu(ledger, call, {"gpu_allowance": 8 << 30}, "alice", notes.append, reserve=2 << 30).ok
+    assert call_on_gpu(ledger, call, 8 << 30, "alice", notes.append, reserve=2 << 30).ok
     assert held == [2 << 30, 8 << 30]
     assert any("with 2.0 GiB reserved" in n for n in notes)
 
@@ -101,18 +102,18 @@ def test_a_call_first_reserves_what_a_tiled_class_needs_and_the_whole_budget_onl
 def test_a_device_full_even_alone_is_the_graders_fault(ledger):
     call = FakeCall(ledger, [oom("gpu_full"), oom("gpu_full")])
     with pytest.raises(GpuCrowded, match="even with no other check on it"):
-        call_on_gpu(ledger, call, {"gpu_allowance": 3 << 30}, "alice", print)
+        call_on_gpu(ledger, call, 3 << 30, "alice", print)
     assert ledger.holders() == {}
 
 
 def test_only_flash_calls_on_cuda_have_a_budget_and_only_a_students_has_room_for_scores():
     student = SimpleNamespace(dense_backward=True)
     reference = SimpleNamespace(dense_backward=False)
-    case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096).to_json()
-    assert SubmissionRunner.gpu_allowance(student, {"op": "warm_timing", "device": "cuda", "case": case}) == 19 << 30
-    assert SubmissionRunner.gpu_allowance(reference, {"op": "warm_timing", "device": "cuda", "case": case}) == 3 << 30
-    assert SubmissionRunner.gpu_allowance(student, {"op": "flash", "device": "cpu", "case": case}) is None
-    assert SubmissionRunner.gpu_allowance(student, {"op": "distributed", "device": "cuda"}) is None
+    case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096)
+    assert SubmissionRunner.gpu_allowance(student, WarmTiming("triton", case, seed=1)) == 19 << 30
+    assert SubmissionRunner.gpu_allowance(reference, WarmTiming("triton", case, seed=1)) == 3 << 30
+    assert SubmissionRunner.gpu_allowance(student, Flash("triton", case, seed=1, device="cpu")) is None
+    assert SubmissionRunner.gpu_allowance(student, Distributed("ddp", seed=1)) is None
 
 
 HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
@@ -124,8 +125,7 @@ def test_a_paused_call_gets_its_pause_back_and_a_hung_one_still_times_out(tmp_pa
     out once its own time is spent, and the runner's watchdog, running all along, kills nothing."""
     path = tmp_path / "gpu-all-0.json"
     runner = SubmissionRunner(load_submission(HANG), env={"TRITON_INTERPRET": "1"})
-    request = {"op": "flash", "slot": "pytorch", "seed": 1, "device": "cpu", "gpu_allowance": 1 << 30,
-               "case": FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()}
+    request = Flash("pytorch", FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16), seed=1)
     states = []
 
     def window():
@@ -142,8 +142,8 @@ def test_a_paused_call_gets_its_pause_back_and_a_hung_one_still_times_out(tmp_pa
         thread = threading.Thread(target=window)
         thread.start()
         started = time.monotonic()
-        reply = call_on_gpu(GpuLedger(path, 10 << 30), lambda r, holding: runner._call(r, 3, "16x16", holding),
-                            request, "hang", runner.note, runner=runner.identity)
+        reply = call_on_gpu(GpuLedger(path, 10 << 30), lambda holding: runner._call(request, 3, "16x16", holding),
+                            1 << 30, "hang", runner.note, runner=runner.identity)
         elapsed = time.monotonic() - started
         thread.join()
     finally:
@@ -163,10 +163,10 @@ def test_distributed_calls_hold_no_reservation_so_no_window_pauses_them():
     that stopped one rank would stall the others. Only flash calls on CUDA reserve, so only their
     runners are ever paused."""
     runner = SimpleNamespace(dense_backward=True)
-    case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16).to_json()
-    assert SubmissionRunner.gpu_allowance(runner, {"op": "distributed", "device": "cuda", "case": case}) is None
-    assert SubmissionRunner.gpu_allowance(runner, {"op": "flash", "device": "cpu", "case": case}) is None
-    assert SubmissionRunner.gpu_allowance(runner, {"op": "flash", "device": "cuda", "case": case}) > 0
+    case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
+    assert SubmissionRunner.gpu_allowance(runner, Distributed("ddp", seed=1)) is None
+    assert SubmissionRunner.gpu_allowance(runner, Flash("pytorch", case, seed=1, device="cpu")) is None
+    assert SubmissionRunner.gpu_allowance(runner, Flash("pytorch", case, seed=1, device="cuda")) > 0
 
 
 def test_a_case_past_a_timeout_fails_at_once_without_starting_the_runner_again(ledger):
@@ -179,5 +179,5 @@ def test_a_case_past_a_timeout_fails_at_once_without_starting_the_runner_again(l
     small, large = (FlashCase(batch=(1,), n_queries=n, n_keys=n, head_dim=16) for n in (16, 64))
     runner._timed_out = {("flash", "triton", True): (small.work, "timed out after 1 s in forward")}
     runner.start = lambda: pytest.fail("the runner was started for a case that cannot run")
-    reply = runner.call({"op": "flash", "slot": "triton", "device": "cuda", "case": large.to_json()}, 1)
+    reply = runner.call(Flash("triton", large, seed=1, device="cuda"), 1)
     assert reply.status == "timeout" and reply.message.startswith("not run: a smaller case already timed out")

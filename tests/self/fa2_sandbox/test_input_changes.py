@@ -9,6 +9,7 @@ import torch
 from fa2_sandbox.runner import input_changes
 from fa2_sandbox.runner.serve import Runner
 from fa2_sandbox.wire.cases import FlashCase, make_inputs
+from fa2_sandbox.wire.requests import Flash
 from reference.flash_pytorch import FlashAttentionPytorch
 
 
@@ -84,9 +85,9 @@ def flash_result(tmp_path, cls, dtype="float32", backward=True) -> dict:
     module = types.SimpleNamespace(get_flashattention_autograd_function_pytorch=lambda: cls)
     channel = types.SimpleNamespace(send=lambda message: None)
     case = FlashCase(batch=(2,), n_queries=33, n_keys=47, head_dim=16, dtype=dtype)
-    request = {"slot": "pytorch", "case": case.to_json(), "seed": 5, "device": "cpu", "tag": "t",
-               "backward": backward}
-    return Runner(channel, module, tmp_path).op_flash(request), make_inputs(case, 5, "cpu")[0]
+    runner = Runner(channel, module, tmp_path)
+    runner.tag = "t"
+    return runner.flash(Flash("pytorch", case, seed=5, backward=backward)), make_inputs(case, 5, "cpu")[0]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

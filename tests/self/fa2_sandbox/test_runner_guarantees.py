@@ -12,6 +12,7 @@ import sys
 import tempfile
 import textwrap
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -21,6 +22,7 @@ from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import LOG_TAIL_BYTES, PROJECT_ROOT, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Flash
 from tests.self.fa2_sandbox.test_hostile import TEST_MARK, kill_orphans, orphans
 
 NAIVE = '''
@@ -46,7 +48,7 @@ class Dense(torch.autograd.Function):
 '''
 
 CASE = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
-REQUEST = {"op": "flash", "slot": "pytorch", "case": CASE.to_json(), "seed": 1, "device": "cpu"}
+REQUEST = Flash("pytorch", CASE, seed=1)
 
 
 def make_submission(folder: Path, forward: str, head: str = "") -> Path:
@@ -97,12 +99,12 @@ def test_timeout_kills_the_process_group(runner_for):
     assert reply.status == "timeout" and reply.message == "timed out after 4 s in forward (N=16)", reply
     assert not marked(f"{TEST_MARK}timeout")
     # a case no smaller than one that timed out fails at once; a smaller one still runs
-    bigger = {**REQUEST, "case": FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=16).to_json()}
+    bigger = replace(REQUEST, case=FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=16))
     started = time.monotonic()
     again = runner.call(bigger, timeout=4)
     assert again.status == "timeout" and "not run: a smaller case already timed out after 4 s" in again.message
     assert time.monotonic() - started < 1
-    smaller = {**REQUEST, "case": FlashCase(batch=(1,), n_queries=8, n_keys=8, head_dim=16).to_json()}
+    smaller = replace(REQUEST, case=FlashCase(batch=(1,), n_queries=8, n_keys=8, head_dim=16))
     assert runner.call(smaller, timeout=4).message == "timed out after 4 s in forward"
 
 
@@ -200,7 +202,7 @@ def test_what_a_call_printed_is_in_the_log_when_it_returns(runner_for):
 
 def test_raise_not_implemented_is_named(runner_for):
     reply = runner_for("if is_causal:\n    raise NotImplemented").call(
-        {**REQUEST, "case": {**REQUEST["case"], "is_causal": True}}, timeout=60)
+        replace(REQUEST, case=replace(CASE, is_causal=True)), timeout=60)
     assert reply.status == "error"
     assert reply.message.startswith("TypeError: exceptions must derive from BaseException (`raise NotImplemented` "
                                     "at student.py:"), reply.message

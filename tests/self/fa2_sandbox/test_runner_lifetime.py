@@ -17,11 +17,11 @@ import os, sys, threading, time
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Flash
 
 from pathlib import Path
 runner = SubmissionRunner(load_submission(Path(sys.argv[1])), env={"TRITON_INTERPRET": "1"})
-request = {"op": "flash", "slot": "pytorch", "case": FlashCase(batch=(1,), n_queries=16, n_keys=16,
-           head_dim=16).to_json(), "seed": 1, "device": "cpu"}
+request = Flash("pytorch", FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16), seed=1)
 threading.Thread(target=runner.call, args=(request, 600), daemon=True).start()
 while not runner.phases.get("forward"):  # the runner is inside the student's endless loop
     time.sleep(0.1)

@@ -16,6 +16,7 @@ import pytest
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Flash
 
 ADAPTERS = """
 def get_flashattention_autograd_function_pytorch():
@@ -67,8 +68,7 @@ def test_compiled_backward_runs_under_the_watch(compiled_submission):
     try:
         for n in (16, 33, 64, 100, 128, 200, 256, 300, 400, 512):  # more shapes than dynamo's recompile limit
             case = FlashCase(batch=(2,), n_queries=n, n_keys=n, head_dim=16)
-            reply = runner.call({"op": "flash", "slot": "pytorch", "case": case.to_json(), "seed": n,
-                                 "device": "cpu", "warmup": True}, 300)
+            reply = runner.call(Flash("pytorch", case, seed=n, warmup=True), 300)
             assert reply.ok, f"N={n}: {reply.status}: {reply.message}"
             assert "backward_error" not in reply.result, f"N={n}: {reply.result['backward_error']['message']}"
             assert set(reply.tensors) >= {"o", "L", "dq", "dk", "dv"}

@@ -13,9 +13,11 @@ from fa2_sandbox.harness.client import Reply, SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Flash, PrepareTiming, WarmTiming
 from grading.checks import timed_window as tw
 
 ROOT = Path(__file__).resolve().parents[3]
+CASE = FlashCase(batch=(64,), n_queries=4096, n_keys=4096, head_dim=64, dtype="bfloat16", is_causal=True)
 
 
 class Clock:
@@ -35,17 +37,17 @@ class FakeRunner:
         self.first_call_ms = first_call_ms  # the passes of its first call take this long (a disturbed start)
 
     def call(self, request, timeout):
-        self.log.append((self.name, request["passes"], request["per_sync"], round(timeout, 3)))
+        self.log.append((self.name, request.passes, request.per_sync, round(timeout, 3)))
         if self.fail:
             return Reply(outcomes.ERROR, message="RuntimeError: boom")
         ms, self.first_call_ms = self.first_call_ms or self.ms, None
         phases, start = {"timed": self.clock.now}, self.clock.now
-        for i in range(1, request["passes"] + 1):
+        for i in range(1, request.passes + 1):
             if self.clock.now + ms / 1000 > start + timeout:
                 self.clock.now = start + timeout
                 return Reply(outcomes.TIMEOUT, message="timed out", phases=phases)
             self.clock.now += ms / 1000
-            if i % request["per_sync"] == 0 or i == request["passes"]:
+            if i % request.per_sync == 0 or i == request.passes:
                 phases[f"pass {i}"] = self.clock.now
         return Reply(outcomes.OK, phases=phases)
 
@@ -56,7 +58,7 @@ def window(student_ms, reference_ms=1.5, student_passes=12, fail=False, disturbe
     student = FakeRunner("student", student_ms, clock, log, fail, first_call_ms=disturbed and disturbed[0])
     reference = FakeRunner("reference", reference_ms, clock, log, first_call_ms=disturbed and disturbed[1])
     started = clock.now
-    m = tw.measure(student, reference, {}, 3.0, started + tw.WINDOW_S, clock, student_passes)
+    m = tw.measure(student, reference, CASE, 3.0, started + tw.WINDOW_S, clock, student_passes)
     return m, log, clock.now - started
 
 
@@ -162,15 +164,14 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
     (here: from the reference's first pass to the measurement's end) stays within WINDOW_S."""
     (tmp_path / "adapters.py").write_text(textwrap.dedent(SLOW.format(seconds=5)))
     case = FlashCase(batch=(2,), n_queries=33, n_keys=33, head_dim=16, dtype="float32", is_causal=False)
-    request = {"slot": "pytorch", "case": case.to_json(), "device": "cpu"}
     student = SubmissionRunner(load_submission(tmp_path), import_timeout=120)
     reference = SubmissionRunner(load_submission(ROOT / "submissions" / "reference"), import_timeout=120)
     try:
         for runner, passes in ((student, 1), (reference, tw.REFERENCE_INPUTS)):
-            assert runner.call({**request, "op": "warm_timing", "seed": 5}, 120).ok
-            assert runner.call({**request, "op": "prepare_timing", "seeds": tw.timed_seeds(5, passes)}, 120).ok
+            assert runner.call(WarmTiming("pytorch", case, seed=5, device="cpu"), 120).ok
+            assert runner.call(PrepareTiming("pytorch", case, seed=5, passes=passes, device="cpu"), 120).ok
         started = time.monotonic()
-        m = tw.measure(student, reference, request, 3.0, started + tw.WINDOW_S, student_passes=1)
+        m = tw.measure(student, reference, case, 3.0, started + tw.WINDOW_S, student_passes=1, device="cpu")
         held = time.monotonic() - started
     finally:
         student.close()
@@ -192,7 +193,7 @@ def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_se
             self.reply = reply
 
         def call(self, request, timeout, until=None):
-            asked.append((request["op"], round(timeout), until is not None))
+            asked.append((request.op, round(timeout), until is not None))
             return self.reply
 
     class Failed(Exception):
@@ -208,7 +209,7 @@ def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_se
     case = FlashCase(batch=(64,), n_queries=4096, n_keys=4096, head_dim=64, dtype="bfloat16", is_causal=True)
     with pytest.raises(Failed) as failed:
         test_timing.measure_budget(Check(), grading, SimpleNamespace(name="alice"), (Runner(timed_out), Runner(ready)),
-                                   {"slot": "triton"}, case, {"ratio": 3.0}, 120.0, time.monotonic() - 100.0)
+                                   "triton", case, {"ratio": 3.0}, 120.0, time.monotonic() - 100.0)
     # the student's warm-up ends at the check's deadline whatever holds it; the reference's has none
     assert sorted(asked) == [("warm_timing", 20, True), ("warm_timing", 120, False)]
     sentence, evidence, outcome = failed.value.args
@@ -237,7 +238,7 @@ def test_a_warm_up_paused_by_window_after_window_still_ends_at_its_deadline(tmp_
     is not a warm-up): here it waits the class's whole 8 s out."""
     (tmp_path / "adapters.py").write_text(textwrap.dedent(SLOW.format(seconds=8)))
     case = FlashCase(batch=(2,), n_queries=33, n_keys=33, head_dim=16, dtype="float32", is_causal=False)
-    request = {"op": "flash", "slot": "pytorch", "case": case.to_json(), "device": "cpu", "seed": 5}
+    request = Flash("pytorch", case, seed=5)
     def timed(**until):  # a runner of its own: after a timeout its runner fails that case at once
         runner = SubmissionRunner(load_submission(tmp_path), import_timeout=120)
         try:

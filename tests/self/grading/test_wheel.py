@@ -163,6 +163,7 @@ from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire.cases import FlashCase
+from fa2_sandbox.wire.requests import Flash
 
 isolation = confinement.isolation(tempfile.gettempdir())
 if isolation["mode"] not in ("namespace", "userns"):
@@ -171,7 +172,7 @@ if isolation["mode"] not in ("namespace", "userns"):
 runner = SubmissionRunner(load_submission(Path(sys.argv[1])), import_timeout=60)
 case = FlashCase(batch=(1,), n_queries=16, n_keys=16, head_dim=16)
 try:
-    reply = runner.call({"op": "flash", "slot": "pytorch", "case": case.to_json(), "seed": 1, "device": "cpu"}, 60)
+    reply = runner.call(Flash("pytorch", case, seed=1), 60)
 finally:
     runner.close()
 print(json.dumps({**isolation, "status": reply.status, "message": reply.message}))

@@ -16,12 +16,12 @@ class HostileAttention(torch.autograd.Function):
         frame = inspect.currentframe()
         while frame is not None and "request" not in frame.f_locals:
             frame = frame.f_back
-        runner, request = frame.f_locals["self"], frame.f_locals["request"]
+        runner = frame.f_locals["self"]  # the runner serving the call: its tag and exchange folder
         path = "/etc/passwd"
         if is_causal:
-            path = str(runner.exchange / f"{request['tag']}.pt")
+            path = str(runner.exchange / f"{runner.tag}.pt")
             os.symlink("/etc/shadow", path)
-        message = {"event": "done", "status": "ok", "tag": request["tag"], "seconds": 0.0,
+        message = {"event": "done", "status": "ok", "tag": runner.tag, "seconds": 0.0,
                    "result": {"tensors": path, "n_lse": 1, "lse_dtypes": ["float32"], "changed_inputs": {"forward": {}},
                               "forward": {"triton_launches": {}, "forbidden_ops": {}, "largest_numel": 0,
                                           "largest_shape": [], "peak_bytes": None}}}
