@@ -37,6 +37,7 @@ from test_scheduler import Worker, fake_config  # noqa: E402  (the fake xdist wo
 
 from grading import scheduler as scheduling  # noqa: E402
 from grading import shards  # noqa: E402
+from grading.check import CheckIdentity  # noqa: E402
 
 
 def recorded_groups(run: Path) -> tuple[dict, dict]:
@@ -59,15 +60,33 @@ def recorded_groups(run: Path) -> tuple[dict, dict]:
     return dict(groups), seconds
 
 
+# The timeline records xdist's node ids, "<test id>@<submission>/<shard>": a replay reads back from
+# them what the grader's workers sent the controller as identities.
+
 def shard_name(group: str) -> str:
-    return shards.shard_of_group(group).name
+    return group.partition(shards.SEPARATOR)[2]
+
+
+def submission_of(group: str) -> str:
+    return group.partition(shards.SEPARATOR)[0]
+
+
+def recorded_identity(nodeid: str) -> CheckIdentity:
+    """A recorded check's identity: its group's submission and shard, and the call it shared, its
+    parameters without the submission ("test_forward[alice-pytorch-fp32-17x17-d64-full]@alice"
+    -> "pytorch-fp32-17x17-d64-full"). Its case's size is not in the id: left out."""
+    test, _, group = nodeid.rpartition("@")
+    params = test[test.index("[") + 1:test.rindex("]")] if "[" in test else ""
+    case = f"-{params}-".replace(f"-{submission_of(group)}-", "-", 1).strip("-")
+    return CheckIdentity(check_id=test, submission=submission_of(group), shard=shards.Shard(shard_name(group)),
+                         case=case)
 
 
 def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) -> None:
     """Each Triton group of `submission`: its first unrecorded check waits out `timeout_s`, the rest
     take no time (SubmissionRunner fails every case at least as large at once)."""
     for group, ids in groups.items():
-        if shards.submission_of_group(group) == submission and shard_name(group).startswith("triton"):
+        if submission_of(group) == submission and shard_name(group).startswith("triton"):
             for k, nodeid in enumerate(i for i in ids if "[unrecorded" in i):
                 seconds[nodeid] = timeout_s if k == 0 else 0.0
 
@@ -77,7 +96,8 @@ def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s
     keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
                                               if shard_name(g).startswith(kind)), len(order)))
     collection = [nodeid for group in keys for nodeid in groups[group]]
-    sched = scheduling.GradingScheduling(fake_config(workers))
+    sched = scheduling.GradingScheduling(fake_config(workers),
+                                         identities={nodeid: recorded_identity(nodeid) for nodeid in collection})
     nodes = [Worker(n, []) for n in range(workers)]
     for node in nodes:
         sched.add_node(node)

@@ -4,17 +4,20 @@ Tests make one through the `check` fixture (grading/fixtures.py) and settle it w
 not_measured, not_here or settle_reply; a call that went wrong ends it by the outcome words of
 fa2_sandbox/wire/outcomes.py.
 
-What the grader keeps on a grading test besides (its shard, its record's id, its group, the Check
-it made, the grader's errors of a test run again) is one TestState under the item's stash, set
-at collection by the worker's plugin (grading/worker.py).
+What the grader keeps on a grading test besides (its identity, its group, the Check it made, the
+grader's errors of a test run again) is one TestState under the item's stash, set at collection by
+the worker's plugin (grading/worker.py). Its identity (CheckIdentity) is made once there, from the
+test's parameters, and travels as that value: the controller's scheduler reads it, never a string
+parsed back.
 """
 from dataclasses import dataclass
 
 import pytest
 
 from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire.cases import FlashCase
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
-from grading.shards import Shard
+from grading.shards import Shard, group_name
 
 
 def submission_of(item):
@@ -123,13 +126,53 @@ class Check:
         self.fail(reply.message, outcome=outcome)
 
 
+@dataclass(frozen=True)
+class CheckIdentity:
+    """Who one collected grading test is: the records' id (check_id), its submission, its shard (the
+    runner of the submission its calls go to), its case (its parameters), and the size of its flash
+    case. The worker sends it to the controller beside xdist's node id
+    (grading/worker.py, grading/controller.py), whose scheduler reads it (grading/scheduler.py)."""
+    check_id: str
+    submission: str
+    shard: Shard
+    case: str  # its parameters but the submission, "pytorch-fp32-fp32-17x17-d64-full" ("" for none)
+    case_size: int | None = None  # its flash case's FlashCase.work, as the runner's timeouts compare them
+
+    @property
+    def shared_call(self) -> str:
+        """What it shares a runner call with: the tests of its group with the same case share one
+        (forward and backward of a case, say); a test with no case shares none."""
+        return self.case or self.check_id
+
+    @property
+    def group(self) -> str:
+        """Its xdist group: the tests of one group run on one worker, with one runner."""
+        return group_name(self.submission, self.shard)
+
+    def to_json(self) -> dict:
+        return {"check_id": self.check_id, "submission": self.submission, "shard": self.shard.name,
+                "case": self.case, "case_size": self.case_size}
+
+    @classmethod
+    def from_json(cls, data: dict) -> "CheckIdentity":
+        return cls(**{**data, "shard": Shard(data["shard"])})
+
+
+def identify(item, shard: Shard) -> CheckIdentity:
+    """A grading test's identity, from its parameters."""
+    params = {name: value for name, value in item.callspec.params.items() if name != "submission"}
+    cases = [value for value in params.values() if isinstance(value, FlashCase)]
+    return CheckIdentity(check_id=check_id(item), submission=submission_of(item), shard=shard,
+                         case="-".join(str(getattr(value, "id", value)) for value in params.values()),
+                         case_size=cases[0].work if cases else None)
+
+
 @dataclass
 class TestState:
     """What the grader keeps on one grading test, in `item.stash[TEST_STATE]`."""
     __test__ = False  # not a test class, whatever its name
 
-    nodeid: str  # the records' id (check_id): the node id would end in xdist's "@group"
-    shard: Shard  # the runner of its submission that its calls go to
+    identity: CheckIdentity
     group: str  # its rubric group, as its module declares it (declared_group)
     check: Check | None = None  # what it found, once the `check` fixture made it
     first_error: str | None = None  # the grader's error that made the test run a second time

@@ -9,6 +9,7 @@ submission's info.json, and at the end assembles every submission's results.json
 reports and prints where the time went. Only this process writes under reports/
 (grading/results/store.py says which file is whose).
 """
+import json
 import os
 import shutil
 import tempfile
@@ -22,8 +23,7 @@ import torch
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.harness.client import runner_memory_limit
 from fa2_sandbox.wire import outcomes
-from grading import shards
-from grading.check import submission_of
+from grading.check import CheckIdentity, submission_of
 from grading.durations import Durations
 from grading.results import scoring, store
 from grading.results.record import CheckRecord, points
@@ -78,6 +78,8 @@ class ControllerPlugin:
         self.failures_not_shown = False  # pytest's FAILURES section left to the reports
         self.no_checks = False  # this session collected no check, so it writes nothing
         self.scheduler = None  # under xdist: grading/scheduler.py's, which says what it spread
+        self.identities = {}  # under xdist: a worker's node id -> CheckIdentity (WorkerPlugin.pytest_collection_finish)
+        self.identities_folder = None  # where the workers write them
         self.summary = []
 
     # -- setup -----------------------------------------------------------------------------
@@ -117,6 +119,9 @@ class ControllerPlugin:
             shared_probe.start(path, tempfile.gettempdir(), limit)
             self.probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
         node.workerinput["isolation_probe"] = self.probe
+        if self.identities_folder is None:
+            self.identities_folder = Path(tempfile.mkdtemp(prefix="fa2-identities-"))
+        node.workerinput["grading_identities"] = str(self.identities_folder / f"{node.gateway.id}.json")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):
@@ -128,7 +133,7 @@ class ControllerPlugin:
 
         pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
         self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1,
-                                           on_steal=lambda steal: self.say(steal.line()))
+                                           on_steal=lambda steal: self.say(steal.line()), identities=self.identities)
         return self.scheduler
 
     def pytest_sessionstart(self, session):
@@ -175,6 +180,11 @@ class ControllerPlugin:
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` must still work
     def pytest_xdist_node_collection_finished(self, node, ids):
+        """Before xdist hands the ids to the scheduler: the worker's identities of them."""
+        path = Path(node.workerinput["grading_identities"])
+        if path.is_file():  # none where the worker's collection stopped early (an error)
+            self.identities.update({nodeid: CheckIdentity.from_json(data)
+                                    for nodeid, data in json.loads(path.read_text()).items()})
         if not any(self.submission_of_id(i) for i in ids) and not narrowed(self.config):
             self.stop_without_checks(f"{len(ids)} other test(s)" if ids else "nothing")
         if not self.pending:
@@ -188,12 +198,9 @@ class ControllerPlugin:
                                 f"was written; see the collection errors above, if any.")
 
     def submission_of_id(self, nodeid: str):
-        """The submission of a test id as a worker reports it under loadgroup, "<id>@<group>", the
-        group being the submission's name, or "<name>/<shard>" (grading/shards.py)."""
-        if "@" not in nodeid:
-            return None
-        name = shards.submission_of_group(nodeid.rsplit("@", 1)[1])
-        return name if any(s.name == name for s in self.state.submissions) else None
+        """The submission a worker's test grades (its identity's), or None for any other test."""
+        identity = self.identities.get(nodeid)
+        return identity.submission if identity is not None else None
 
     def set_pending(self, names):
         """Pending checks per submission, from the submission of each collected test (None: not a
@@ -228,8 +235,8 @@ class ControllerPlugin:
         record = CheckRecord.from_json(sent_record)
         # A runner that timed out fails every larger case of its group at once (SubmissionRunner.call):
         # a thief's runner would not know, and would wait out the timeout again.
-        if record.outcome == outcomes.TIMEOUT and self.scheduler is not None and "@" in report.nodeid:
-            self.scheduler.timed_out(report.nodeid.rsplit("@", 1)[1], report.nodeid)
+        if record.outcome == outcomes.TIMEOUT and self.scheduler is not None:
+            self.scheduler.timed_out(report.nodeid)
         store.write_check(self.state.reports, record)
         self.count_done(record.submission)
 
@@ -302,6 +309,8 @@ class ControllerPlugin:
     def pytest_sessionfinish(self, session):
         if self.probe:
             shutil.rmtree(Path(self.probe["path"]).parent, ignore_errors=True)
+        if self.identities_folder is not None:
+            shutil.rmtree(self.identities_folder, ignore_errors=True)
         if self.state.spent is not None:  # after its workers: they add to it to the end
             shutil.rmtree(self.state.spent.folder, ignore_errors=True)
         if self.config.option.collectonly or self.no_checks:

@@ -13,7 +13,7 @@ from grading.session import GRADING, ShardSession
 @pytest.fixture
 def session(request):
     """The process's grading session, its runner calls going to this test's shard."""
-    return ShardSession(request.config.stash[GRADING], request.node.stash[TEST_STATE].shard)
+    return ShardSession(request.config.stash[GRADING], request.node.stash[TEST_STATE].identity.shard)
 
 
 @pytest.fixture

@@ -22,14 +22,11 @@ and holds the next one back until it has another or a shutdown. So a worker is i
 and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
 never given a test holds none back: it waits, free, for a group to prove slow.
 """
-import re
 from collections import Counter
 from typing import NamedTuple
 
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
-
-from grading import shards
 
 TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
@@ -62,7 +59,7 @@ class GradingScheduling(LoadGroupScheduling):
     tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
-                 steal_min_s: float | None = None, on_steal=None):
+                 steal_min_s: float | None = None, on_steal=None, identities: dict | None = None):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
@@ -76,12 +73,37 @@ class GradingScheduling(LoadGroupScheduling):
         self.steals = []  # Steal, one per steal that moved tests
         self.on_steal = on_steal  # called with each Steal as it happens (the plugin prints it)
         self.position = {}  # nodeid -> its index in the collection (every worker's, checked identical)
+        # node id -> grading.check.CheckIdentity, filled by the controller as the workers' collections
+        # come in (ControllerPlugin.pytest_xdist_node_collection_finished); none for other tests.
+        self.identities = identities if identities is not None else {}
+        self.timing_groups = set()  # the groups of timing shards, known once the collection is
 
-    def timed_out(self, group: str, nodeid: str) -> None:
-        """A check of `group` timed out: its runner now fails every case at least as large at once
+    def shared_call(self, nodeid: str) -> str:
+        """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
+        shares nothing."""
+        identity = self.identities.get(nodeid)
+        return identity.shared_call if identity is not None else nodeid
+
+    def case_size(self, nodeid: str) -> int | None:
+        identity = self.identities.get(nodeid)
+        return identity.case_size if identity is not None else None
+
+    def _split_scope(self, nodeid: str) -> str:
+        """A test's group: its identity's; loadgroup's reading of the id for any other test."""
+        identity = self.identities.get(nodeid)
+        return identity.group if identity is not None else super()._split_scope(nodeid)
+
+    def is_timing(self, group: str) -> bool:
+        return group in self.timing_groups
+
+    def timed_out(self, nodeid: str) -> None:
+        """A check timed out: its runner now fails every case at least as large at once
         (SubmissionRunner.call), which a thief's fresh runner would not know, and would wait out
-        the timeout again. So from now on only the group's smaller cases may be shared."""
-        size = case_size(nodeid)
+        the timeout again. So from now on only its group's smaller cases may be shared."""
+        identity = self.identities.get(nodeid)
+        if identity is None:
+            return
+        group, size = identity.group, identity.case_size
         self.smaller_than[group] = min(size, self.smaller_than.get(group, size)) if size else 0
 
     @property
@@ -102,10 +124,11 @@ class GradingScheduling(LoadGroupScheduling):
         if not self.collection:
             return
         self.position = {nodeid: index for index, nodeid in enumerate(self.collection)}
+        self.timing_groups = {identity.group for identity in self.identities.values() if identity.shard.timing}
         units = {}
         for nodeid in self.collection:
             units.setdefault((self._split_scope(nodeid), 0), {})[nodeid] = False
-        for key in spread_timing(list(units)):
+        for key in spread_timing(list(units), self.is_timing):
             self.workqueue[key] = units[key]
         # Unlike loadscope, workers left without a group stay up: they hold no test back, and may
         # take part of a group that proves slow.
@@ -131,9 +154,9 @@ class GradingScheduling(LoadGroupScheduling):
         """The queue's first unit, unless it is a timing group and the node's GPU has its fill of
         them: then the first that is not, if any is left."""
         first = next(iter(self.workqueue))
-        if not is_timing(first[0]) or self._timing_in_progress(self.gpu_of(node)) < self.timing_per_gpu:
+        if not self.is_timing(first[0]) or self._timing_in_progress(self.gpu_of(node)) < self.timing_per_gpu:
             return first
-        return next((key for key in self.workqueue if not is_timing(key[0])), first)
+        return next((key for key in self.workqueue if not self.is_timing(key[0])), first)
 
     def gpu_of(self, node) -> int:
         """The GPU of a worker: session.Grading.worker_gpu pins workers round-robin by their number."""
@@ -142,7 +165,7 @@ class GradingScheduling(LoadGroupScheduling):
 
     def _timing_in_progress(self, gpu: int) -> int:
         return sum(1 for node, units in self.assigned_work.items() if self.gpu_of(node) == gpu
-                   for key, unit in units.items() if is_timing(key[0]) and not all(unit.values()))
+                   for key, unit in units.items() if self.is_timing(key[0]) and not all(unit.values()))
 
     def mark_test_complete(self, node, item_index: int, duration: float = 0) -> None:
         nodeid = self.registered_collections[node][item_index]
@@ -194,11 +217,11 @@ class GradingScheduling(LoadGroupScheduling):
                 seconds, count = self.completed[group]
                 limit = self.smaller_than.get(group)
                 mine = [nodeid for k, nodeid in queued if k == key
-                        and (limit is None or (case_size(nodeid) or limit) < limit)]
+                        and (limit is None or (self.case_size(nodeid) or limit) < limit)]
                 left = len(mine) * seconds / count
                 if left < self.steal_min_s or (best[0] is not None and left <= best[3]):
                     continue
-                if tests := later_half(units[key], mine):
+                if tests := later_half(units[key], mine, self.shared_call):
                     best = (node, key, tests, left)
         return best
 
@@ -240,38 +263,17 @@ class GradingScheduling(LoadGroupScheduling):
         return chosen if chosen in idle else next(iter(idle), None)
 
 
-def later_half(unit: dict, queued: list) -> list:
+def later_half(unit: dict, queued: list, shared_call) -> list:
     """The later half of a unit's `queued` tests (rounded up), with the checks of their cases that
-    are queued too: forward and backward of a case share one runner call. A case of which a check
-    has run or is running (on the victim, whose runner has the reply) stays whole there."""
+    are queued too: forward and backward of a case share one runner call (`shared_call(nodeid)`).
+    A case of which a check has run or is running (on the victim, whose runner has the reply) stays
+    whole there."""
     cases = {shared_call(nodeid) for nodeid in queued[len(queued) // 2:]}
     staying = {shared_call(nodeid) for nodeid in unit.keys() - set(queued)}
     return [nodeid for nodeid in queued if shared_call(nodeid) in cases and shared_call(nodeid) not in staying]
 
 
-def shared_call(nodeid: str) -> str:
-    """What a test shares a runner call with: its parameters without the submission,
-    "grading/checks/test_flash.py::test_forward[alice-pytorch-fp32-17x17-d64-full]@alice"
-    -> "pytorch-fp32-17x17-d64-full"; a test of no parameters but the submission shares nothing."""
-    test, _, group = nodeid.rpartition("@")
-    if nodeid.rfind("@") < nodeid.rfind("]") or "[" not in test:  # no group (an "@" of a parameter's)
-        return nodeid
-    params = test[test.index("[") + 1:test.rindex("]")]
-    case = f"-{params}-".replace(f"-{shards.submission_of_group(group)}-", "-", 1).strip("-")
-    return case or nodeid
-
-
-def case_size(nodeid: str) -> int | None:
-    """N_q x N_k x d of a flash check's case, from its id ("...-113x203-d64-causal..."), or None."""
-    found = re.search(r"(?:^|-)(\d+)x(\d+)-d(\d+)(?:-|$)", shared_call(nodeid))
-    return int(found[1]) * int(found[2]) * int(found[3]) if found else None
-
-
-def is_timing(group: str) -> bool:
-    return shards.shard_of_group(group).timing
-
-
-def spread_timing(keys: list) -> list:
+def spread_timing(keys: list, is_timing) -> list:
     """The unit keys in their order, but for the timing groups', which are spread evenly through
     the rest: T of them among O others, the j-th at about (j + 0.5) * (O + T) / T."""
     timing = [key for key in keys if is_timing(key[0])]

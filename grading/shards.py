@@ -238,12 +238,3 @@ def flash_case(item):
 def group_name(submission: str, shard: Shard) -> str:
     """The xdist group of a submission's shard, "alice/triton-bf16-causal" ("alice" unsharded)."""
     return f"{submission}{SEPARATOR}{shard.name}" if shard.name else submission
-
-
-def submission_of_group(group: str) -> str:
-    return group.split(SEPARATOR, 1)[0]
-
-
-def shard_of_group(group: str) -> Shard:
-    """A group's shard, "alice/triton-bf16-causal" -> Shard("triton-bf16-causal")."""
-    return Shard(group.partition(SEPARATOR)[2])

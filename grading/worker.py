@@ -14,6 +14,7 @@ recorded as "grader_error", unscored, and the submission is marked incomplete. W
 code does wrong reaches the tests as a runner Reply and fails through Check.fail; a test that
 failed before it made its check (in a fixture, say) gets a stand-in record.
 """
+import json
 import os
 import traceback
 from pathlib import Path
@@ -24,7 +25,7 @@ from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.wire import outcomes
 from grading import shards
-from grading.check import TEST_STATE, TestState, check_id, declared_group, submission_of
+from grading.check import TEST_STATE, TestState, declared_group, identify, submission_of
 from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from grading.session import GRADING
 
@@ -46,10 +47,10 @@ def describe(exc: BaseException) -> str:
     return text
 
 
-def stand_in(item, name) -> CheckRecord:
+def stand_in(item, identity) -> CheckRecord:
     """A record for a grading test that failed before it made its check (in a fixture, say)."""
-    case = item.callspec.id.replace(name, "", 1).replace("--", "-").strip("-")
-    return CheckRecord(submission=name, part="grader", check=item.originalname, case=case, stand_in=True)
+    return CheckRecord(submission=identity.submission, part="grader", check=item.originalname, case=identity.case,
+                       stand_in=True)
 
 
 def record_of(item, report, call, name):
@@ -59,7 +60,7 @@ def record_of(item, report, call, name):
     state = item.stash[TEST_STATE]
     if state.check is None and report.passed:
         return None
-    record = state.check.record if state.check is not None else stand_in(item, name)
+    record = state.check.record if state.check is not None else stand_in(item, state.identity)
     errors = state.errors
     if report.passed and record.outcome == outcomes.ERROR and not record.diagnosis:
         record.update(outcome=outcomes.PASSED, output=record.output or "passed")
@@ -77,7 +78,7 @@ def record_of(item, report, call, name):
                       output=str(report.longrepr)[-20000:], attempts=errors)  # the traceback, for staff
     if state.first_error and record.outcome != GRADER_ERROR:
         record.retried_after = state.first_error  # the first attempt's grader error
-    record.nodeid = state.nodeid
+    record.nodeid = state.identity.check_id
     return record
 
 
@@ -126,12 +127,12 @@ class WorkerPlugin:
                 continue
             shard = shards.shard_of(item, self.state.stubs[name], self.state.per_kernel_shards) \
                 if self.state.sharded else shards.WHOLE
-            state = item.stash[TEST_STATE] = TestState(nodeid=check_id(item), shard=shard,
+            state = item.stash[TEST_STATE] = TestState(identity=identify(item, shard),
                                                         group=declared_group(item, self.state.rubric))
             if grouping:
-                item.add_marker(pytest.mark.xdist_group(shards.group_name(name, shard)))
-            self.groups[state.nodeid] = state.group
-            self.collected.setdefault(name, set()).add(state.nodeid)
+                item.add_marker(pytest.mark.xdist_group(state.identity.group))
+            self.groups[state.identity.check_id] = state.group
+            self.collected.setdefault(name, set()).add(state.identity.check_id)
             if not last_failed and not (partial and item.path.resolve() in partial):
                 self.modules.add(item.module.__name__)
 
@@ -148,12 +149,26 @@ class WorkerPlugin:
             items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
 
         def runner_group(item):
-            name = submission_of(item)
-            return shards.group_name(name, shard_given(item)) if name is not None else None
+            state = item.stash.get(TEST_STATE, None)
+            return state.identity.group if state is not None else None
 
         shards.groups_together(items, runner_group)
         shards.smallest_case_first(items, runner_group)
         shards.memory_early(items, runner_group)
+
+    @pytest.hookimpl(tryfirst=True)  # before xdist's worker sends the ids to the controller
+    def pytest_collection_finish(self, session):
+        """An xdist worker tells the controller who each test it will run is: xdist's node id ->
+        CheckIdentity, in the file the controller named (ControllerPlugin.pytest_configure_node),
+        which it reads as this worker's collection comes in."""
+        path = getattr(self.config, "workerinput", {}).get("grading_identities")
+        if path is None:
+            return
+        identities = {item.nodeid: item.stash[TEST_STATE].identity.to_json()
+                      for item in session.items if TEST_STATE in item.stash}
+        written = Path(path).with_suffix(".partial")
+        written.write_text(json.dumps(identities))
+        os.replace(written, path)  # whole or not at all
 
     # -- running -----------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -206,4 +221,4 @@ class WorkerPlugin:
 def shard_given(item) -> shards.Shard:
     """The shard collection gave a grading test (the whole submission's for any other test)."""
     state = item.stash.get(TEST_STATE, None)
-    return state.shard if state is not None else shards.WHOLE
+    return state.identity.shard if state is not None else shards.WHOLE

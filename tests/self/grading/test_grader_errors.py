@@ -430,13 +430,19 @@ def test_collected_json_remembers_what_a_full_run_holds(tmp_path):
 # -- progress ------------------------------------------------------------------------------------
 
 def test_progress_counts_each_submission_by_its_exact_name():
-    """s1's pending checks are s1's alone: a test id of s10 contains "[s1" too. On a GPU a group
-    is one shard of a submission, "<name>/<shard>" (grading/shards.py)."""
+    """s1's pending checks are s1's alone: a test id of s10 contains "[s1" too. The controller
+    counts by the submission of each id's identity (the workers send them), none for another test."""
+    from grading.check import CheckIdentity
     from grading.controller import ControllerPlugin
+    from grading.shards import Shard
     plugin = ControllerPlugin.__new__(ControllerPlugin)  # its state only, no pytest config
     plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
-    ids = [f"{MOD}::test_forward[s1-pytorch-a]@s1", f"{MOD}::test_forward[s10-pytorch-a]@s10",
-           f"{MOD}::test_backward[s10-pytorch-a]@s10", "tests/self/reference/test_oracle.py::test_x",
-           f"{MOD}::test_forward[s1-triton-b]@s1/triton-bf16-full-d64"]
+    graded = {f"{MOD}::test_forward[s1-pytorch-a]@s1": ("s1", ""),
+              f"{MOD}::test_forward[s10-pytorch-a]@s10": ("s10", ""),
+              f"{MOD}::test_backward[s10-pytorch-a]@s10": ("s10", ""),
+              f"{MOD}::test_forward[s1-triton-b]@s1/triton-bf16-full-d64": ("s1", "triton-bf16-full-d64")}
+    plugin.identities = {i: CheckIdentity(check_id=i, submission=name, shard=Shard(shard), case="a")
+                         for i, (name, shard) in graded.items()}
+    ids = [*graded, "tests/self/reference/test_oracle.py::test_x"]
     plugin.set_pending(plugin.submission_of_id(i) for i in ids)
     assert plugin.pending == {"s1": 2, "s10": 2}

@@ -218,7 +218,7 @@ def test_a_grader_error_in_setup_is_recorded_too(pytester):
     results = json.loads((reports / "reference" / "results.json").read_text())
     tests = {t["name"].split("::", 1)[1]: t for t in results["tests"]}
     assert tests["flash_pytorch::forward[fp32-128x128-d64-full]"]["status"] == "passed"
-    stand_in = tests["grader::test_backward[pytorch-fp32-128x128-d64-full]"]
+    stand_in = tests["grader::test_backward[pytorch-course-fp32-128x128-d64-full]"]
     assert stand_in["extra_data"]["outcome"] == "grader_error" and stand_in["max_score"] == 0
     assert "RuntimeError: fixture broke at " in stand_in["output"] and "(in setup)" in stand_in["output"]
     assert "grader" not in results["extra_data"]["parts"]

@@ -4,6 +4,7 @@ spread and capped per GPU, and the queued tail of a group that proves slow share
 The unit tests drive the scheduler with fake workers that behave as xdist's do (xdist/remote.py):
 each runs its tests in the order it got them, starts one only while holding the next (or once shut
 down), and gives up asked-for tests only if all of them are still queued behind those two."""
+import json
 import os
 import subprocess
 import sys
@@ -11,7 +12,10 @@ from collections import Counter
 from pathlib import Path
 from types import SimpleNamespace
 
-from grading.scheduler import GradingScheduling, case_size, later_half, shared_call, spread_timing
+from fa2_sandbox.wire.cases import FlashCase
+from grading.check import CheckIdentity, identify
+from grading.scheduler import GradingScheduling, later_half, spread_timing
+from grading.shards import Shard
 
 ROOT = Path(__file__).resolve().parents[3]
 FLASH = "grading/checks/test_flash.py"
@@ -53,9 +57,19 @@ def fake_config(workers: int):
     return SimpleNamespace(getvalue=lambda name: [f"{workers}*popen"], option=SimpleNamespace(loadscopereorder=False))
 
 
-def nodeid_of(test: str, case: str, group: str, submission: str = "alice") -> str:
-    return f"{FLASH}::{test}[{submission}-{case}]@{submission}/{group}" if group else \
-        f"{FLASH}::{test}[{submission}-{case}]@{submission}"
+# node id -> CheckIdentity, as the workers send them to the controller, which gives them to the
+# scheduler (ControllerPlugin.pytest_xdist_node_collection_finished). Ids are unique across tests.
+IDENTITIES = {}
+
+
+def nodeid_of(test: str, case: str, shard: str, submission: str = "alice", size: int | None = None) -> str:
+    """A flash check's xdist id, its identity noted in IDENTITIES: it shares its call with the other
+    tests of its `case`, whose size is `size`."""
+    identity = CheckIdentity(check_id=f"grading.checks.test_flash::{test}[{submission}-{case}]",
+                             submission=submission, shard=Shard(shard), case=case, case_size=size)
+    nodeid = f"{FLASH}::{test}[{submission}-{case}]@{identity.group}"
+    IDENTITIES[nodeid] = identity
+    return nodeid
 
 
 def pairs(group: str, cases: int, submission: str = "alice") -> list:
@@ -65,12 +79,16 @@ def pairs(group: str, cases: int, submission: str = "alice") -> list:
 
 
 def timing(submission: str, slot: str = "triton") -> list:
-    return [f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{submission}/timing-{slot}"]
+    identity = CheckIdentity(check_id=f"grading.checks.test_timing::test_budget[{submission}-{slot}]",
+                             submission=submission, shard=Shard(f"timing-{slot}"), case=slot)
+    nodeid = f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{identity.group}"
+    IDENTITIES[nodeid] = identity
+    return [nodeid]
 
 
 def start(collection: list, workers: int, **options):
     sent = []
-    scheduler = GradingScheduling(fake_config(workers), **options)
+    scheduler = GradingScheduling(fake_config(workers), identities=IDENTITIES, **options)
     nodes = [Worker(number, sent) for number in range(workers)]
     for node in nodes:
         scheduler.add_node(node)
@@ -135,11 +153,12 @@ def test_groups_go_out_in_collection_order():
 
 def test_timing_groups_are_spread_through_the_queue():
     keys = [(f"s{k}/pytorch", 0) for k in range(8)] + [(f"s{k}/timing-triton", 0) for k in range(4)]
-    spread = [key[0] for key in spread_timing(keys)]
+    is_timing = lambda group: "timing" in group  # noqa: E731
+    spread = [key[0] for key in spread_timing(keys, is_timing)]
     assert [k for k, group in enumerate(spread) if "timing" in group] == [1, 4, 7, 10]  # (j + 0.5) * 12 / 4
     assert [g for g in spread if "timing" in g] == [f"s{k}/timing-triton" for k in range(4)]  # their own order
     assert [g for g in spread if "timing" not in g] == [f"s{k}/pytorch" for k in range(8)]
-    assert spread_timing(keys[8:]) == keys[8:]  # nothing else left: in order
+    assert spread_timing(keys[8:], is_timing) == keys[8:]  # nothing else left: in order
 
 
 def test_at_most_timing_per_gpu_timing_groups_in_progress_on_a_gpu():
@@ -205,7 +224,7 @@ def test_a_slow_groups_tail_is_stolen_by_an_idle_worker_and_completed_there():
     assert scheduler.steals[0].line() == f"spread alice/{SLOW}: 4 of its checks from gw0 to gw1 (about 120 s left)"
     stolen = sent[2]
     assert stolen[0] == "gw1"
-    assert [shared_call(scheduler.collection[i]) for i in stolen[1]] == ["case4"] * 2 + ["case5"] * 2
+    assert [scheduler.shared_call(scheduler.collection[i]) for i in stolen[1]] == ["case4"] * 2 + ["case5"] * 2
     # At 140 s gw0 is idle in turn, with two of the checks it gave queued on gw1 (40 s): it takes case 5 back.
     assert [(s.victim, s.thief, s.count) for s in scheduler.steals[1:]] == [("gw1", "gw0", 2)]
     ran_once(scheduler, nodes)
@@ -220,18 +239,34 @@ def test_forward_and_backward_of_a_case_move_together():
     unit = dict.fromkeys(pairs(SLOW, 4), False)
     tests = list(unit)
     # queued behind the two running: case 1 to case 3; the later half (3 of 5) cuts case 2 in two
-    assert later_half(unit, tests[3:]) == tests[4:]
-    assert later_half(unit, tests[2:]) == tests[4:]
+    shared_call = lambda nodeid: IDENTITIES[nodeid].shared_call  # noqa: E731
+    assert later_half(unit, tests[3:], shared_call) == tests[4:]
+    assert later_half(unit, tests[2:], shared_call) == tests[4:]
     # case 1's forward is running (the victim has its reply): its backward stays with it
-    assert later_half(unit, tests[3:4]) == []
-    assert shared_call(f"{FLASH}::test_forward[bob-smith-pytorch-fp32-17x17-d64-full]@bob-smith/pytorch") \
-        == "pytorch-fp32-17x17-d64-full"
-    assert shared_call(f"{FLASH}::test_forward[triton-bf16-113x203-d64-causal-alice]@alice/{SLOW}") \
-        == "triton-bf16-113x203-d64-causal"
-    # a test with no parameter but its submission shares no call with another
-    ddp = "grading/checks/test_distributed.py::test_ddp_bucketing[alice]@alice"
-    assert shared_call(ddp) == ddp
-    assert shared_call("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"  # no group
+    assert later_half(unit, tests[3:4], shared_call) == []
+
+
+def test_a_checks_identity_comes_from_its_parameters():
+    """Forward and backward of a case share its call; a test with no parameter but its submission
+    shares none; the case's size is the one the runner's timeouts compare (FlashCase.work)."""
+    alice, case = SimpleNamespace(name="alice"), FlashCase(batch=(2,), n_queries=113, n_keys=203, head_dim=64)
+
+    def item(test, **params):
+        return SimpleNamespace(name=f"{test}[...]", module=SimpleNamespace(__name__="grading.checks.test_flash"),
+                               callspec=SimpleNamespace(params={"submission": alice, **params}))
+
+    forward = identify(item("test_forward", slot="triton", tier="bf16", case=case), Shard(SLOW))
+    backward = identify(item("test_backward", slot="triton", tier="bf16", case=case), Shard(SLOW))
+    assert forward.shared_call == backward.shared_call == f"triton-bf16-{case.id}"
+    assert forward.case_size == 2 * 113 * 203 * 64 and forward.group == f"alice/{SLOW}"
+    alone = identify(item("test_ddp_bucketing"), Shard("distributed"))
+    assert alone.shared_call == alone.check_id == "grading.checks.test_flash::test_ddp_bucketing[...]"
+    assert alone.case_size is None
+    assert CheckIdentity.from_json(forward.to_json()) == forward
+    # a test the controller has no identity of (not a grading test) shares nothing and keeps loadgroup's group
+    scheduler, _, _ = start(pairs("pytorch", 1), 1)
+    assert scheduler.shared_call("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"
+    assert scheduler.case_size("tests/test_x.py::test_y[a@b]") is None
 
 
 def test_a_worker_never_given_a_group_waits_to_share_one():
@@ -257,20 +292,20 @@ def test_after_a_timeout_only_the_groups_smaller_cases_are_shared():
     # every case at least that large at once, so only the smaller ones are worth a thief's runner.
     sizes = [17, 1024, 2048, 33, 4096, 65, 129, 257]
     cases = [f"bf16-{n}x{n}-d64-causal" for n in sizes]
-    collection = [nodeid_of("test_forward", case, SLOW) for case in cases] + \
+    collection = [nodeid_of("test_forward", case, SLOW, size=n * n * 64) for n, case in zip(sizes, cases)] + \
         [nodeid_of("test_forward", f"case{k}", "pytorch", "bob") for k in range(6)]
     scheduler, nodes, sent = start(collection, 2)
-    scheduler.timed_out(f"alice/{SLOW}", nodeid_of("test_forward", cases[1], SLOW))
+    scheduler.timed_out(nodeid_of("test_forward", cases[1], SLOW, size=1024 * 1024 * 64))
     assert scheduler.smaller_than == {f"alice/{SLOW}": 1024 * 1024 * 64}
     run(scheduler, nodes, lambda nodeid: 40.0 if SLOW in nodeid else 10.0)
     stolen = [scheduler.collection[i] for i in nodes[1].ran if SLOW in scheduler.collection[i]]
-    assert stolen and all(case_size(nodeid) < 1024 * 1024 * 64 for nodeid in stolen)
+    assert stolen and all(scheduler.case_size(nodeid) < 1024 * 1024 * 64 for nodeid in stolen)
     ran_once(scheduler, nodes)
 
 
 def test_a_timeout_of_a_check_without_a_size_keeps_its_group_whole():
     scheduler, nodes, sent = start(slow_and_quick(), 2)
-    scheduler.timed_out(f"alice/{SLOW}", nodeid_of("test_forward", "case0", SLOW))  # no N x N x d in its id
+    scheduler.timed_out(nodeid_of("test_forward", "case0", SLOW))  # no flash case among its parameters
     run(scheduler, nodes, seconds_of)
     assert not scheduler.steals
     ran_once(scheduler, nodes)
@@ -299,8 +334,8 @@ def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
     for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
         case = "bf16-113x203-d64-causal"
         record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
-        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group), when="call", duration=1.0, start=1.0,
-                                 stop=2.0,
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group, size=113 * 203 * 64), when="call",
+                                 duration=1.0, start=1.0, stop=2.0,
                                  user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
         ControllerPlugin.pytest_runtest_logreport(plugin, report)
     assert scheduler.smaller_than == {f"alice/{SLOW}": 113 * 203 * 64}
@@ -341,9 +376,23 @@ def test_a_victim_that_dies_with_a_steal_in_flight():
 # -- a grading run -----------------------------------------------------------------------------
 
 STEAL_AT_ONCE = '''
+import json
+import os
+
+import pytest
+
 import grading.scheduler
+from grading.controller import ControllerPlugin
 
 grading.scheduler.STEAL_MIN_S = 0.0  # any group with a completed check and a queued one is shared
+
+
+@pytest.hookimpl(trylast=True)  # after the controller's plugin read the worker's identities
+def pytest_xdist_node_collection_finished(node, ids):
+    plugin = next(p for p in node.config.pluginmanager.get_plugins() if isinstance(p, ControllerPlugin))
+    with open(os.environ["IDENTITIES_OUT"], "a") as out:
+        out.write(json.dumps({i: plugin.identities[i].to_json() if i in plugin.identities else None
+                              for i in ids}) + "\\n")
 '''
 
 
@@ -355,6 +404,7 @@ def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
     (folder / "steal_at_once.py").write_text(STEAL_AT_ONCE)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("PYTEST_XDIST", "PYTEST_CURRENT"))}
     env["PYTHONPATH"] = os.pathsep.join([str(folder), env.get("PYTHONPATH", "")])
+    env["IDENTITIES_OUT"] = str(tmp_path / "identities.jsonl")
     proc = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p", "steal_at_once",
                            "-n", "2", "--impl=submissions/reference", f"--reports={tmp_path / 'reports'}",
                            "-k", "pytorch and fp32 and (17x17 or 113x203 or 128x217) and not replay"],
@@ -364,3 +414,10 @@ def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
     assert "12 passed" in output, output[-4000:]
     spread = [line for line in output.splitlines() if line.startswith("spread reference: ")]
     assert len(spread) >= 1 and " of its checks from gw" in spread[0], output[-4000:]
+    # Each worker's ids reached the controller with their identities: forward and backward of each
+    # of the 6 cases share a call.
+    seen = [json.loads(line) for line in (tmp_path / "identities.jsonl").read_text().splitlines()]
+    assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 12
+    identities = [CheckIdentity.from_json(data) for data in seen[0].values()]
+    assert {i.submission for i in identities} == {"reference"}
+    assert len({i.shared_call for i in identities}) == 6 and all(i.case_size for i in identities)
