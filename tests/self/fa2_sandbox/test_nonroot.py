@@ -244,8 +244,9 @@ sys.path.insert(0, {project!r})
 from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
+from fa2_sandbox.wire import requests
 
-request = json.loads({request!r})
+request = requests.from_json(json.loads({request!r}))
 out = {{"uid": os.getuid(), "isolation": confinement.isolation(tempfile.gettempdir())}}
 out["project readable here"] = os.access({readme!r}, os.R_OK)
 for name, folder, timeout in [("snoop", {snoop!r}, 60), ("hang", {hang!r}, 4)]:
@@ -378,7 +379,7 @@ def test_a_grader_that_is_not_root(tmp_path):
         ''')
         for path in [public, *public.rglob("*")]:
             os.chmod(path, 0o755 if path.is_dir() else 0o644)
-        script = NONROOT_GRADER.format(project=str(PROJECT_ROOT), request=json.dumps(REQUEST), readme=readme,
+        script = NONROOT_GRADER.format(project=str(PROJECT_ROOT), request=json.dumps(REQUEST.to_json()), readme=readme,
                                        snoop=str(snoop), hang=str(hang))
         proc = as_nobody(script, public)
         assert proc.returncode == 0 and "RESULT " in proc.stdout, (proc.stdout + proc.stderr)[-3000:]

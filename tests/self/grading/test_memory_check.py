@@ -32,7 +32,7 @@ class Grading:
         self.replies, self.asked = replies, []
 
     def call_cached(self, submission, key, request, timeout, what):
-        dtype = request["case"]["dtype"]
+        dtype = request.case.dtype
         self.asked.append(dtype)
         return self.replies[dtype], {}
 

@@ -87,7 +87,7 @@ class Grading:
         pass
 
     def call_cached(self, submission, key, request, timeout, what):
-        case = FlashCase.from_json(request["case"])
+        case = request.case
         self.asked.append(case)
         return (self.course if case == COURSE_CASE else self.other), {}
 
