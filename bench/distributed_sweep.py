@@ -35,8 +35,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fa2_sandbox.wire import outcomes  # noqa: E402
 from grading.check import Check  # noqa: E402
 from grading.checks import test_distributed, test_fsdp  # noqa: E402
-from grading.session import Grading, ShardSession  # noqa: E402
-from grading.shards import DISTRIBUTED  # noqa: E402
+from grading.session import Grading, TrackSession  # noqa: E402
+from grading.tracks import DISTRIBUTED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 MODULES = (test_distributed, test_fsdp)
@@ -82,7 +82,7 @@ def run_check(state, submission, fn, params):
         return made[-1]
 
     try:
-        fn(session=ShardSession(state, DISTRIBUTED), submission=submission, check=check, **params)
+        fn(session=TrackSession(state, DISTRIBUTED), submission=submission, check=check, **params)
     except pytest.fail.Exception:
         pass
     except pytest.skip.Exception:

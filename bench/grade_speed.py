@@ -16,7 +16,7 @@ carry its wheels (pydantic, pydantic_core, annotated_types, typing_inspection in
 A call returns only a few files from $OUT: tar the runs' speed.json, timeline.json and pytest.log.
 
 `single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
-on a GPU its checks spread over the workers in shards, grading/shards.py);
+on a GPU its checks spread over the workers in tracks, grading/tracks.py);
 `--cold` first empties the grader's persistent Triton cache, so compiling and autotuning are
 counted. `class` grades the bundled class (the reference and submissions/examples) with
 `-n WORKERS`. Each writes the grader's reports and a `speed.json`: the wall time of the whole
@@ -26,7 +26,7 @@ what finished, marked as stopped; and how busy the CPUs and GPUs were (bench/uti
 a run whose CPUs are busy throughout is CPU-bound, and more GPUs will not speed it up). `table`
 prints one row per run, the runner starts, the worker that finished
 last (with bench/timeline.py's record of which test ran where and when) and the slowest check
-kinds. `startup` times the process starts every shard pays, alone on the machine.
+kinds. `startup` times the process starts every track pays, alone on the machine.
 """
 import argparse
 import json
@@ -129,7 +129,7 @@ def runner_starts(reports: Path) -> dict:
     ("runner ready in X s", fa2_sandbox/harness/client.py)."""
     seconds = []
     for path in reports.glob("*/info.json"):  # written as checks come in: a run stopped early has them too
-        logs = json.loads(path.read_text()).get("runner_logs") or {}  # each shard's runner's
+        logs = json.loads(path.read_text()).get("runner_logs") or {}  # each track's runner's
         seconds += [float(m) for log in logs.values() for m in re.findall(r"runner ready in ([0-9.]+) s", log)]
     seconds.sort()
     return {"count": len(seconds), "total_s": round(sum(seconds), 1),

@@ -4,7 +4,7 @@
 
 RUN is a folder of bench/grade_speed.py's (its timeline.json, bench/timeline.py's record of
 every check's worker, start and stop). Each check keeps its recorded duration; the groups are
-collected in the order shards.HEAVY_FIRST (or --order) gives, and handed to 16 fake workers by
+collected in the order tracks.HEAVY_FIRST (or --order) gives, and handed to 16 fake workers by
 the real GradingScheduling, as tests/self/grading/test_scheduler.py drives it (xdist's worker
 side: a worker holds its next test back, the first two of its queue are never stolen). A thief
 pays a runner start (--start, 8 s by default: about a class run's median) on its first check of a group.
@@ -17,7 +17,7 @@ gives each Triton group of submission NAME a first unrecorded check of --timeout
 flash calls' 300 s) and the rest at once (a runner fails every larger case at once after a
 timeout). CPU contention is as recorded, whatever the order, and the timing windows' pauses are
 left out. On a CPU-bound class that is the replay's largest error: it ended two runs sooner
-with the Triton shards first, and run, that order recorded fewer checks than the old one
+with the Triton tracks first, and run, that order recorded fewer checks than the old one
 (every submission compiling and autotuning at once made each check slower; notes/grading-speed.md,
 "The Triton shards first"). Use it to find an order worth a run, never in place of one.
 """
@@ -36,7 +36,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "self" / "grading")]
 from test_scheduler import Worker, fake_config  # noqa: E402  (the fake xdist worker)
 
 from grading import scheduler as scheduling  # noqa: E402
-from grading import shards  # noqa: E402
+from grading import tracks  # noqa: E402
 from grading.check import CheckIdentity  # noqa: E402
 
 
@@ -50,35 +50,35 @@ def recorded_groups(run: Path) -> tuple[dict, dict]:
         groups[row["test"].rsplit("@", 1)[1]].append(row["test"])
     full = defaultdict(int)
     for group, ids in groups.items():
-        full[shard_name(group)] = max(full[shard_name(group)], len(ids))
+        full[track_name(group)] = max(full[track_name(group)], len(ids))
     for group, ids in groups.items():
         mean = statistics.mean(seconds[i] for i in ids)
-        for k in range(full[shard_name(group)] - len(ids)):
+        for k in range(full[track_name(group)] - len(ids)):
             nodeid = f"{ids[0].split('[')[0]}[unrecorded{k}]@{group}"
             ids.append(nodeid)
             seconds[nodeid] = mean
     return dict(groups), seconds
 
 
-# The timeline records xdist's node ids, "<test id>@<submission>/<shard>": a replay reads back from
+# The timeline records xdist's node ids, "<test id>@<submission>/<track>": a replay reads back from
 # them what the grader's workers sent the controller as identities.
 
-def shard_name(group: str) -> str:
-    return group.partition(shards.SEPARATOR)[2]
+def track_name(group: str) -> str:
+    return group.partition(tracks.SEPARATOR)[2]
 
 
 def submission_of(group: str) -> str:
-    return group.partition(shards.SEPARATOR)[0]
+    return group.partition(tracks.SEPARATOR)[0]
 
 
 def recorded_identity(nodeid: str) -> CheckIdentity:
-    """A recorded check's identity: its group's submission and shard, and the call it shared, its
+    """A recorded check's identity: its group's submission and track, and the call it shared, its
     parameters without the submission ("test_forward[alice-pytorch-fp32-17x17-d64-full]@alice"
     -> "pytorch-fp32-17x17-d64-full"). Its case's size is not in the id: left out."""
     test, _, group = nodeid.rpartition("@")
     params = test[test.index("[") + 1:test.rindex("]")] if "[" in test else ""
     case = f"-{params}-".replace(f"-{submission_of(group)}-", "-", 1).strip("-")
-    return CheckIdentity(check_id=test, submission=submission_of(group), shard=shards.Shard(shard_name(group)),
+    return CheckIdentity(check_id=test, submission=submission_of(group), track=tracks.Track(track_name(group)),
                          case=case)
 
 
@@ -86,7 +86,7 @@ def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) ->
     """Each Triton group of `submission`: its first unrecorded check waits out `timeout_s`, the rest
     take no time (SubmissionRunner fails every case at least as large at once)."""
     for group, ids in groups.items():
-        if submission_of(group) == submission and shard_name(group).startswith("triton"):
+        if submission_of(group) == submission and track_name(group).startswith("triton"):
             for k, nodeid in enumerate(i for i in ids if "[unrecorded" in i):
                 seconds[nodeid] = timeout_s if k == 0 else 0.0
 
@@ -94,7 +94,7 @@ def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) ->
 def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0) -> tuple:
     """(the run's end, steals) with the groups collected in `order`."""
     keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
-                                              if shard_name(g).startswith(kind)), len(order)))
+                                              if track_name(g).startswith(kind)), len(order)))
     collection = [nodeid for group in keys for nodeid in groups[group]]
     sched = scheduling.GradingScheduling(fake_config(workers),
                                          identities={nodeid: recorded_identity(nodeid) for nodeid in collection})
@@ -136,14 +136,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("runs", type=Path, nargs="+")
     parser.add_argument("--order", action="append", default=[],
-                        help="shard kinds, comma-separated, first to last (repeatable; default: shards.HEAVY_FIRST)")
+                        help="track kinds, comma-separated, first to last (repeatable; default: tracks.HEAVY_FIRST)")
     parser.add_argument("--workers", type=int, default=16)
     parser.add_argument("--start", type=float, default=8.0, help="a thief's runner start, seconds")
     parser.add_argument("--timed-out", action="append", default=[], metavar="NAME",
                         help="a submission whose unrecorded Triton checks were waiting out a timeout (repeatable)")
     parser.add_argument("--timeout", type=float, default=300.0, help="that timeout, seconds")
     args = parser.parse_args()
-    orders = [tuple(o.split(",")) for o in args.order] or [shards.HEAVY_FIRST]
+    orders = [tuple(o.split(",")) for o in args.order] or [tracks.HEAVY_FIRST]
     print("| run | recorded work s | lower bound s | order | replayed end s | steals |\n|---|---|---|---|---|---|")
     for run in args.runs:
         groups, seconds = recorded_groups(run)

@@ -17,7 +17,7 @@ import pytest
 from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
-from grading.shards import Shard, group_name
+from grading.tracks import Track, group_name
 
 
 def submission_of(item):
@@ -128,13 +128,13 @@ class Check:
 
 @dataclass(frozen=True)
 class CheckIdentity:
-    """Who one collected grading test is: the records' id (check_id), its submission, its shard (the
+    """Who one collected grading test is: the records' id (check_id), its submission, its track (the
     runner of the submission its calls go to), its case (its parameters), and the size of its flash
     case. The worker sends it to the controller beside xdist's node id
     (grading/worker.py, grading/controller.py), whose scheduler reads it (grading/scheduler.py)."""
     check_id: str
     submission: str
-    shard: Shard
+    track: Track
     case: str  # its parameters but the submission, "pytorch-fp32-fp32-17x17-d64-full" ("" for none)
     case_size: int | None = None  # its flash case's FlashCase.work, as the runner's timeouts compare them
 
@@ -147,22 +147,22 @@ class CheckIdentity:
     @property
     def group(self) -> str:
         """Its xdist group: the tests of one group run on one worker, with one runner."""
-        return group_name(self.submission, self.shard)
+        return group_name(self.submission, self.track)
 
     def to_json(self) -> dict:
-        return {"check_id": self.check_id, "submission": self.submission, "shard": self.shard.name,
+        return {"check_id": self.check_id, "submission": self.submission, "track": self.track.name,
                 "case": self.case, "case_size": self.case_size}
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckIdentity":
-        return cls(**{**data, "shard": Shard(data["shard"])})
+        return cls(**{**data, "track": Track(data["track"])})
 
 
-def identify(item, shard: Shard) -> CheckIdentity:
+def identify(item, track: Track) -> CheckIdentity:
     """A grading test's identity, from its parameters."""
     params = {name: value for name, value in item.callspec.params.items() if name != "submission"}
     cases = [value for value in params.values() if isinstance(value, FlashCase)]
-    return CheckIdentity(check_id=check_id(item), submission=submission_of(item), shard=shard,
+    return CheckIdentity(check_id=check_id(item), submission=submission_of(item), track=track,
                          case="-".join(str(getattr(value, "id", value)) for value in params.values()),
                          case_size=cases[0].work if cases else None)
 

@@ -3,7 +3,7 @@ grading/pytest_plugin.py wherever there is no `workerinput`; without xdist, besi
 
 It schedules a class over the xdist workers (`--dist loadgroup`: a group's checks stay on one
 worker, so its runner starts once, but for the tail of a group that proves slow, which idle
-workers share: grading/scheduler.py; a group is one shard of a submission, grading/shards.py),
+workers share: grading/scheduler.py; a group is one track of a submission, grading/tracks.py),
 writes each check the moment its report comes (grading/worker.py sends it), keeps each
 submission's info.json, and at the end assembles every submission's results.json, builds the HTML
 reports and prints where the time went. Only this process writes under reports/
@@ -50,13 +50,13 @@ def narrowed(config) -> bool:
 
 
 def joined_logs(logs: dict) -> str:
-    """The runners' log tails as one text: one runner's as it is; several (one per shard) each
-    under its shard's name, the last LOG_TAILS_CHARS / n characters of each."""
+    """The runners' log tails as one text: one runner's as it is; several (one per track) each
+    under its track's name, the last LOG_TAILS_CHARS / n characters of each."""
     if len(logs) == 1:
         return next(iter(logs.values()))
     share = LOG_TAILS_CHARS // len(logs)
-    return "\n".join(f"--- the runner of {shard or 'the submission'} ---\n{tail[-share:]}"
-                     for shard, tail in sorted(logs.items()))
+    return "\n".join(f"--- the runner of {track or 'the submission'} ---\n{tail[-share:]}"
+                     for track, tail in sorted(logs.items()))
 
 
 class ControllerPlugin:
@@ -90,7 +90,7 @@ class ControllerPlugin:
             config.option.dist = "loadgroup"
         # Groups go out in collection order, which puts the longest first (worker.py's sort), not
         # the most tests first, xdist's default since 3.6: that sent a submission's one-test
-        # timing shard, one of its longest, last, and a lone submission ended late for it.
+        # timing track, one of its longest, last, and a lone submission ended late for it.
         if hasattr(config.option, "loadscopereorder"):
             config.option.loadscopereorder = False
         if self.failures_left_to_reports(config):

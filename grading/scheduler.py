@@ -1,6 +1,6 @@
 """How a class's checks go to xdist workers: loadgroup, with timing spread out and a slow group shared.
 
-xdist's loadgroup gives each group (a submission's shard, grading/shards.py) whole to one worker, in
+xdist's loadgroup gives each group (a submission's track, grading/tracks.py) whole to one worker, in
 collection order. In a class of real repos on one GPU, a worker per core, two things went wrong
 (notes/grading-speed.md, "timing windows pause the others; timing spread and slow groups shared"):
 
@@ -76,7 +76,7 @@ class GradingScheduling(LoadGroupScheduling):
         # node id -> grading.check.CheckIdentity, filled by the controller as the workers' collections
         # come in (ControllerPlugin.pytest_xdist_node_collection_finished); none for other tests.
         self.identities = identities if identities is not None else {}
-        self.timing_groups = set()  # the groups of timing shards, known once the collection is
+        self.timing_groups = set()  # the groups of timing tracks, known once the collection is
 
     def shared_call(self, nodeid: str) -> str:
         """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
@@ -124,7 +124,7 @@ class GradingScheduling(LoadGroupScheduling):
         if not self.collection:
             return
         self.position = {nodeid: index for index, nodeid in enumerate(self.collection)}
-        self.timing_groups = {identity.group for identity in self.identities.values() if identity.shard.timing}
+        self.timing_groups = {identity.group for identity in self.identities.values() if identity.track.timing}
         units = {}
         for nodeid in self.collection:
             units.setdefault((self._split_scope(nodeid), 0), {})[nodeid] = False

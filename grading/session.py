@@ -1,7 +1,7 @@
 """The grading session's state in one process (the controller, or an xdist worker): the
-submissions, the rubric and seed, one runner per submission and shard, the replies the checks share,
-the GPU this process grades on and its ledger. A test sees it as a ShardSession: the same state,
-its runner calls going to the runner of the test's shard."""
+submissions, the rubric and seed, one runner per submission and track, the replies the checks share,
+the GPU this process grades on and its ledger. A test sees it as a TrackSession: the same state,
+its runner calls going to the runner of the test's track."""
 import os
 import platform
 import tempfile
@@ -18,11 +18,11 @@ from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
-from grading import shards, time_limit
+from grading import time_limit, tracks
 from grading.results import store
 from grading.rubric import Rubric, RubricError
-from grading.shards import Shard
 from grading.time_limit import SpentTime
+from grading.tracks import Track
 
 
 def warm_up_cuda(device: torch.device) -> None:
@@ -72,22 +72,22 @@ class Grading:
             threading.Thread(target=warm_up_cuda, args=(device,), name="warm-up-cuda", daemon=True).start()
         self.functions = {s.name: defined_functions(s) for s in self.submissions}
         self.stubs = {s.name: stub_functions(s) for s in self.submissions}
-        # On a GPU, under xdist, several workers share one submission (grading/shards.py): each
-        # (submission, shard) has its runner, and a test's calls name its shard (ShardSession).
+        # On a GPU, under xdist, several workers share one submission (grading/tracks.py): each
+        # (submission, track) has its runner, and a test's calls name its track (TrackSession).
         # On a CPU there is no compiling to spread, only runner starts to add.
         workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", 1))
-        self.sharded = self.on_gpu and workers > 1
-        self.per_kernel_shards = shards.per_kernel_shards(len(self.submissions), workers)
-        self._runners = {}  # (submission name, shard) -> SubmissionRunner
+        self.split_into_tracks = self.on_gpu and workers > 1
+        self.per_kernel_tracks = tracks.per_kernel_tracks(len(self.submissions), workers)
+        self._runners = {}  # (submission name, track) -> SubmissionRunner
         self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
-        self._replies = {}  # ((submission name, shard), call key) -> (Reply, tensors)
+        self._replies = {}  # ((submission name, track), call key) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
-    def _switch_to(self, name: str, shard: Shard):
+    def _switch_to(self, name: str, track: Track):
         """A worker grades one group's checks together (loadgroup): when the next group starts,
         close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
-        group = (name, shard)
+        group = (name, track)
         if group == self._current:
             return
         for other in [g for g in self._runners if g != group]:
@@ -136,29 +136,29 @@ class Grading:
             finally:
                 torch.cuda.empty_cache()
 
-    def kept_kernels(self, root, shard_name: str):
+    def kept_kernels(self, root, track_name: str):
         """Where a runner's compiled kernels are kept between runs (kernel_cache.py): on a GPU only,
         where compiling and autotuning cost seconds per kernel; the interpreter compiles nothing."""
-        return kernel_cache.kept_cache(root, shard_name) if self.on_gpu else None
+        return kernel_cache.kept_cache(root, track_name) if self.on_gpu else None
 
-    def runner(self, submission, shard: Shard) -> SubmissionRunner:
-        """The runner of `submission`'s `shard`, started on first use."""
-        self._switch_to(submission.name, shard)
-        group = (submission.name, shard)
+    def runner(self, submission, track: Track) -> SubmissionRunner:
+        """The runner of `submission`'s `track`, started on first use."""
+        self._switch_to(submission.name, track)
+        group = (submission.name, track)
         if group not in self._runners:
             self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, shard.name),
+                                                    kept_kernels=self.kept_kernels(submission.root, track.name),
                                                     gpu_ledger=self.gpu_ledger)
         return self._runners[group]
 
-    def fail_if_unimportable(self, check, submission, shard: Shard):
+    def fail_if_unimportable(self, check, submission, track: Track):
         """Fail `check` with the import error when the submission's adapters do not import: every
         check of every part then says that one sentence, whatever the check or its part would
         otherwise find (a stub, an adapter missing, a GPU needed). Starts the runner if none ran yet."""
-        runner = self.runner(submission, shard)
+        runner = self.runner(submission, track)
         if (failure := runner.adapters_failure()) is not None:
-            self.note_runner(submission, shard, runner, failure)
+            self.note_runner(submission, track, runner, failure)
             check.settle_reply(failure)
 
     def cut_if_out_of_time(self, check):
@@ -183,19 +183,19 @@ class Grading:
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 
-    def call_cached(self, submission, shard: Shard, key, request, timeout, what):
+    def call_cached(self, submission, track: Track, key, request, timeout, what):
         """One runner call shared by the checks that need it (forward and backward, say)."""
-        self._switch_to(submission.name, shard)
-        key = ((submission.name, shard), key)  # replies never cross submissions or shards
+        self._switch_to(submission.name, track)
+        key = ((submission.name, track), key)  # replies never cross submissions or tracks
         if key not in self._replies:
-            runner = self.runner(submission, shard)
+            runner = self.runner(submission, track)
             reply = runner.call(request, timeout, what)
             tensors = reply.tensors if reply.ok else {}
             self._replies[key] = (reply, tensors)
-            self.note_runner(submission, shard, runner, reply)
+            self.note_runner(submission, track, runner, reply)
         return self._replies[key]
 
-    def note_runner(self, submission, shard: Shard, runner, reply):
+    def note_runner(self, submission, track: Track, runner, reply):
         """Keep the runner's facts for info.json; the plugin sends them to the controller on the
         test's report, and the controller alone writes the file."""
         ungradable = reply.message if reply.import_failed else None
@@ -204,8 +204,8 @@ class Grading:
         facts = self.runner_facts.setdefault(submission.name, {"submission": submission.name})
         if ungradable is not None:
             facts["ungradable"] = ungradable
-        # One tail per runner: under sharding a submission has a runner per shard (grading/shards.py).
-        facts.setdefault("runner_logs", {})[shard.name] = runner.log_tail()
+        # One tail per runner: split into tracks, a submission has a runner per track (grading/tracks.py).
+        facts.setdefault("runner_logs", {})[track.name] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
 
@@ -230,26 +230,26 @@ class Grading:
             runner.close()
 
 
-class ShardSession:
+class TrackSession:
     """The grading session as one test sees it: the process's session (its seed, rubric, GPU and
-    the rest, read through), with the test's runner calls going to the runner of its shard, which
-    the worker's plugin gave the test at collection (grading/shards.py)."""
+    the rest, read through), with the test's runner calls going to the runner of its track, which
+    the worker's plugin gave the test at collection (grading/tracks.py)."""
 
-    def __init__(self, session: Grading, shard: Shard):
+    def __init__(self, session: Grading, track: Track):
         self._session = session
-        self.shard = shard
+        self.track = track
 
     def __getattr__(self, name):  # everything but the calls below is the process's session's
         return getattr(self._session, name)
 
     def runner(self, submission) -> SubmissionRunner:
-        return self._session.runner(submission, self.shard)
+        return self._session.runner(submission, self.track)
 
     def call_cached(self, submission, key, request, timeout, what):
-        return self._session.call_cached(submission, self.shard, key, request, timeout, what)
+        return self._session.call_cached(submission, self.track, key, request, timeout, what)
 
     def fail_if_unimportable(self, check, submission):
-        self._session.fail_if_unimportable(check, submission, self.shard)
+        self._session.fail_if_unimportable(check, submission, self.track)
 
 
 def usable_cores() -> int:

@@ -1,7 +1,7 @@
 """The per-submission time limit (--time-limit S), as Gradescope gives each submission its own.
 
 A submission's time is what its checks took, summed over the processes that ran them: under
-xdist one submission's shards run on several workers at once, so no one process sees it all.
+xdist one submission's tracks run on several workers at once, so no one process sees it all.
 Each process that runs a check adds the check's seconds (setup, call and teardown, as pytest
 timed them: its runner's start, the student's code, the grader's oracle) to a file per
 submission in a folder the controller makes for the run, one line per phase written by a single

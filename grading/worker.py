@@ -1,8 +1,8 @@
 """The grading plugin of the process that runs the checks: an xdist worker, or the one process of a
 run without workers (grading/pytest_plugin.py registers it there beside the controller's).
 
-It parametrizes the checks over the submissions, gives each collected check its shard, its
-record's id and its rubric group (grading/check.py TestState), sorts the checks (grading/shards.py),
+It parametrizes the checks over the submissions, gives each collected check its track, its
+record's id and its rubric group (grading/check.py TestState), sorts the checks (grading/tracks.py),
 runs again a check that the grader's own code broke, and sends what each check found to the
 controller on its test report's user_properties: the check record as "grading_check"
 (CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's facts as
@@ -24,7 +24,7 @@ import pytest
 from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.wire import outcomes
-from grading import shards
+from grading import tracks
 from grading.check import TEST_STATE, TestState, declared_group, identify, submission_of
 from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from grading.session import GRADING
@@ -125,9 +125,9 @@ class WorkerPlugin:
             name = submission_of(item)
             if name is None:
                 continue
-            shard = shards.shard_of(item, self.state.stubs[name], self.state.per_kernel_shards) \
-                if self.state.sharded else shards.WHOLE
-            state = item.stash[TEST_STATE] = TestState(identity=identify(item, shard),
+            track = tracks.track_of(item, self.state.stubs[name], self.state.per_kernel_tracks) \
+                if self.state.split_into_tracks else tracks.WHOLE
+            state = item.stash[TEST_STATE] = TestState(identity=identify(item, track),
                                                         group=declared_group(item, self.state.rubric))
             if grouping:
                 item.add_marker(pytest.mark.xdist_group(state.identity.group))
@@ -138,23 +138,23 @@ class WorkerPlugin:
 
     # Last: pytest's own hook (fixtures.py, reorder_items) regroups the items by the session-scoped
     # `submission` parameter after every tryfirst hook, which undid this sort on a GPU run: a
-    # lone submission's shards went out in the order of its test modules, its one-test Triton
-    # timing shard (the longest) among the last.
+    # lone submission's tracks went out in the order of its test modules, its one-test Triton
+    # timing track (the longest) among the last.
     @pytest.hookimpl(trylast=True, specname="pytest_collection_modifyitems")
     def pytest_collection_modifyitems_heavy_first(self, items):
         # Every worker sorts alike, as xdist requires (the sorts are stable).
-        if self.state.sharded:
-            items.sort(key=lambda item: shard_given(item).rank)
+        if self.state.split_into_tracks:
+            items.sort(key=lambda item: track_given(item).rank)
         else:  # a runner's distributed checks one after another: its ranks serve them all
-            items.sort(key=lambda item: not (submission_of(item) and shards.is_distributed(item)))
+            items.sort(key=lambda item: not (submission_of(item) and tracks.is_distributed(item)))
 
         def runner_group(item):
             state = item.stash.get(TEST_STATE, None)
             return state.identity.group if state is not None else None
 
-        shards.groups_together(items, runner_group)
-        shards.smallest_case_first(items, runner_group)
-        shards.memory_early(items, runner_group)
+        tracks.groups_together(items, runner_group)
+        tracks.smallest_case_first(items, runner_group)
+        tracks.memory_early(items, runner_group)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker sends the ids to the controller
     def pytest_collection_finish(self, session):
@@ -218,7 +218,7 @@ class WorkerPlugin:
         self.state.close()  # this process's runners
 
 
-def shard_given(item) -> shards.Shard:
-    """The shard collection gave a grading test (the whole submission's for any other test)."""
+def track_given(item) -> tracks.Track:
+    """The track collection gave a grading test (the whole submission's for any other test)."""
     state = item.stash.get(TEST_STATE, None)
-    return state.identity.shard if state is not None else shards.WHOLE
+    return state.identity.track if state is not None else tracks.WHOLE

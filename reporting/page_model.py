@@ -239,7 +239,7 @@ class SubmissionReport:
 
 
 # Lines of a runner's log that its own code did not print: the grader's notes ("[grader] ...", the
-# runner's "[runner] ...", "--- the runner of <shard> ---" between shards' logs), torch's C++ log
+# runner's "[runner] ...", "--- the runner of <track> ---" between tracks' logs), torch's C++ log
 # ("[W1128 02:48:10.716180679 socket.cpp:207] [c10d] The hostname of the client socket cannot be
 # retrieved", glog's prefix: severity, date, time, file:line) and warnings raised in torch's or
 # Triton's Python (their source line after them, indented).

@@ -5,13 +5,13 @@ autotuned every kernel again, for every attention case of an autotuned kernel (n
 This keeps a copy under the grader's cache folder (GRADER_CACHE_DIR, else
 $XDG_CACHE_HOME/fa2-grader, else ~/.cache/fa2-grader), brought into the scratch folder when the
 runner's folder is made and taken back when it is removed: compiled kernels one copy per
-submission, shared by its shards (the Triton memory and timing shards compile the kernels of a
-bf16 causal shard again, and a runner that starts after another has ended finds them), and with
+submission, shared by its tracks (the Triton memory and timing tracks compile the kernels of a
+bf16 causal track again, and a runner that starts after another has ended finds them), and with
 TRITON_CACHE_AUTOTUNING=1 in the runner's environment autotuning results one copy per
-(submission, shard). A compiled kernel is the same whichever runner compiled it; an autotuning
+(submission, track). A compiled kernel is the same whichever runner compiled it; an autotuning
 result is not (a kernel whose key omits the length keeps the choice made at the first length it
-met), so those stay with the shard whose cases chose them, and a verdict never depends on which
-of a submission's shards ran first.
+met), so those stay with the track whose cases chose them, and a verdict never depends on which
+of a submission's tracks ran first.
 
 What a runner writes is untrusted, so the copy is one submission's own: no submission ever
 reads a file another wrote, and a poisoned entry can only hurt the grading of the one who
@@ -44,10 +44,10 @@ def cache_root() -> Path:
     return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "fa2-grader"
 
 
-def kept_cache(submission_root: Path, shard: str = "") -> Path:
-    """Where one submission's shard keeps its autotuning results between runs; with no shard,
-    where the submission's compiled kernels are kept, for all its shards."""
-    key = hashlib.sha256(f"{os.path.realpath(submission_root)}\0{shard}".encode()).hexdigest()[:24]
+def kept_cache(submission_root: Path, track: str = "") -> Path:
+    """Where one submission's track keeps its autotuning results between runs; with no track,
+    where the submission's compiled kernels are kept, for all its tracks."""
+    key = hashlib.sha256(f"{os.path.realpath(submission_root)}\0{track}".encode()).hexdigest()[:24]
     return cache_root() / "triton" / key
 
 

@@ -74,7 +74,7 @@ def linked_reference(root: Path) -> Path | None:
 class ScratchFolder:
     """One runner's scratch folder, made now (without the submission's copy) and kept until remove().
     `uid` is the runner's own uid, or None where it runs as the grader's user; `kept_kernels`,
-    where this runner's shard keeps its autotuning results between runners (None: nothing kept),
+    where this runner's track keeps its autotuning results between runners (None: nothing kept),
     the submission's compiled kernels being kept beside it (kernel_cache.py)."""
 
     def __init__(self, submission: Submission, uid: int | None, kept_kernels: Path | None = None):
@@ -88,8 +88,8 @@ class ScratchFolder:
         for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache):
             self._private_dir(folder)
         self.kept_kernels = kept_kernels
-        self.kept_compiled = kernel_cache.kept_cache(submission.root)  # every shard's compiled kernels
-        if kept_kernels is not None:  # the submission's compiled kernels, then the shard's autotuning
+        self.kept_compiled = kernel_cache.kept_cache(submission.root)  # every track's compiled kernels
+        if kept_kernels is not None:  # the submission's compiled kernels, then the track's autotuning
             kernel_cache.bring_in(self.kept_compiled, self.triton_cache, uid)
             kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
         self.trusted = self._copy_trusted()

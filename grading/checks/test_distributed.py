@@ -58,7 +58,7 @@ from grading.checks.distributed_checks import (
     state_unmeasured,
 )
 from grading.diagnoses.ddp import explain_ddp
-from grading.shards import DISTRIBUTED, Shard
+from grading.tracks import DISTRIBUTED, Track
 
 DDP_MODELS = ("toy", "tied")  # the official tests' models: ddp::equivalence and ddp::broadcast
 BUFFERED_MODEL = "buffered"  # a buffer that differs per rank, for ddp::buffers only; run last in the same spawn
@@ -80,7 +80,7 @@ SHARDED_SCENARIOS = {
 
 # -- the runs ---------------------------------------------------------------------------------
 
-def shard(params: dict, per_kernel: bool) -> Shard:
+def track(params: dict, per_kernel: bool) -> Track:
     """One runner for the distributed checks: its ranks are kept from one call to the next."""
     return DISTRIBUTED
 

@@ -38,14 +38,14 @@ from grading.checks.flash_checks import (
 )
 from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
-from grading.shards import Shard, kernel_shard, timing_shard
+from grading.tracks import Track, kernel_track, timing_track
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
 IDS = [f"{slot}-{case.id}" for slot, _, case in PARAMS]
 # The checks of one case of each slot name it as a parameter, so that on a GPU each joins its
-# case's shard (grading/shards.py) and takes that shard's reply and compiled kernels: in a
-# shard of their own they compiled and autotuned the case again.
+# case's track (grading/tracks.py) and takes that track's reply and compiled kernels: in a
+# track of their own they compiled and autotuned the case again.
 # Hygiene: a handout shape (d=64, bf16), since odd lengths, which some classes refuse, must not
 # hide its findings. Implementation: the slot's first case.
 HYGIENE = [next(p for p in PARAMS if p[0] == slot and p[1] in ("handout", "bf16") and p[2].dtype == "bfloat16"
@@ -55,15 +55,15 @@ REPLAY = [(slot, tier, case) for slot in SLOTS for tier, case in replay_cases(sl
 ANSWERS = ("o", "L", "dq", "dk", "dv")
 
 
-def shard(params: dict, per_kernel: bool) -> Shard:
-    """The runner of a flash check (grading/shards.py): the PyTorch slot's, or for the Triton slot
+def track(params: dict, per_kernel: bool) -> Track:
+    """The runner of a flash check (grading/tracks.py): the PyTorch slot's, or for the Triton slot
     the kernel its case compiles. runs_on_cuda joins the PyTorch slot's timing runner, which puts
     the class on CUDA anyway: the slot's own runner, on the CPU, then never starts CUDA (a context,
     and for a torch.compile'd class a second compile, in every PyTorch runner of a class)."""
     if params.get("device") == "cuda":
-        return timing_shard("pytorch")
+        return timing_track("pytorch")
     slot, case = params.get("slot", "pytorch"), params.get("case")
-    return kernel_shard(case, per_kernel) if slot == "triton" and case is not None else Shard(slot)
+    return kernel_track(case, per_kernel) if slot == "triton" and case is not None else Track(slot)
 
 
 def check_of(test: str, params: dict) -> tuple:
@@ -160,7 +160,7 @@ def test_backward(session, submission, check, slot, tier, case):
     judge(c, session, slot, tier, case, tensors, ["dq", "dk", "dv"])
 
 
-@pytest.mark.parametrize("device", ["cuda"])  # its shard (`shard`) reads it
+@pytest.mark.parametrize("device", ["cuda"])  # its track (`track`) reads it
 def test_runs_on_cuda(session, submission, check, device):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
     c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")

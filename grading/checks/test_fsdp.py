@@ -57,7 +57,7 @@ from grading.baselines import (
 )
 from grading.checks.distributed_checks import distributed_call, settle_scenario
 from grading.diagnoses.fsdp import explain
-from grading.shards import DISTRIBUTED, Shard
+from grading.tracks import DISTRIBUTED, Track
 
 FP16_FACTOR, FP16_ATOL = 3.0, 2e-5
 FP32_MATCH = 2e-6  # closer than this to fp32 training: float16 was never used
@@ -69,7 +69,7 @@ LABELS = {"wrap": "get_fsdp", "forward": "the wrapper's forward", "backward": "l
           "gather": "fsdp_gather_full_params", "setup": "setup"}
 
 
-def shard(params: dict, per_kernel: bool) -> Shard:
+def track(params: dict, per_kernel: bool) -> Track:
     """One runner for the distributed checks: its ranks are kept from one call to the next."""
     return DISTRIBUTED
 

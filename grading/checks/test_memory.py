@@ -18,7 +18,7 @@ from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.checks.flash_checks import fail_unanswered, got_no_answer, run_case, traceback_of, what_failed
 from grading.matrix import MEMORY_CASE, flash_cases, slot_device
-from grading.shards import Shard
+from grading.tracks import Track
 
 # On a GPU one N x N fp32 matrix is 1 GiB at N=16384. The PyTorch slot is measured on the CPU,
 # where the official tests run it, with MEMORY_CASE.
@@ -27,10 +27,10 @@ GPU_CASES = {
 }
 
 
-def shard(params: dict, per_kernel: bool) -> Shard:
-    """The PyTorch slot's memory joins the slot's shard (its case is one of the slot's own, so the
+def track(params: dict, per_kernel: bool) -> Track:
+    """The PyTorch slot's memory joins the slot's track (its case is one of the slot's own, so the
     slot's reply serves it); the Triton slot's runs at N = 16384 in a runner of its own."""
-    return Shard("pytorch" if params["slot"] == "pytorch" else f"memory-{params['slot']}")
+    return Track("pytorch" if params["slot"] == "pytorch" else f"memory-{params['slot']}")
 
 
 def check_of(test: str, params: dict) -> tuple:

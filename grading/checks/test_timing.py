@@ -21,15 +21,15 @@ from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase, make_inputs
 from grading.checks import timed_window as tw
 from grading.checks.flash_checks import oracle_bytes, stored_as
-from grading.shards import Shard, timing_shard
+from grading.tracks import Track, timing_track
 from reference.tolerance import expected_attention, judge_attention
 
 JUDGED_BATCH = 2
 
 
-def shard(params: dict, per_kernel: bool) -> Shard:
+def track(params: dict, per_kernel: bool) -> Track:
     """Each slot's timing in a runner of its own: its window measures nothing else."""
-    return timing_shard(params["slot"])
+    return timing_track(params["slot"])
 
 
 def reference_runner(session) -> SubmissionRunner:

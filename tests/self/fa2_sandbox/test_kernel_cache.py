@@ -29,8 +29,8 @@ def test_kernels_survive_the_scratch_folder(tmp_path, monkeypatch):
     second.remove()
 
 
-def test_compiled_kernels_are_shared_by_a_submissions_shards_and_autotuning_is_not(tmp_path, monkeypatch):
-    """A kernel the memory shard compiled serves the bf16 causal shard's runner; the memory shard's
+def test_compiled_kernels_are_shared_by_a_submissions_tracks_and_autotuning_is_not(tmp_path, monkeypatch):
+    """A kernel the memory track compiled serves the bf16 causal track's runner; the memory track's
     autotuning choice (made at N = 16384, by a key that may omit the length) stays with it."""
     monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
     submission = load_submission(REFERENCE)
@@ -66,7 +66,7 @@ def test_a_kernels_index_is_kept_after_its_files(tmp_path, monkeypatch):
     assert written[-1] == "__grp___attn_fwd.json"
 
 
-def test_shards_and_submissions_keep_apart(tmp_path, monkeypatch):
+def test_tracks_and_submissions_keep_apart(tmp_path, monkeypatch):
     monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path))
     a, b = tmp_path / "alice", tmp_path / "bob"
     keys = {kernel_cache.kept_cache(a, "timing"), kernel_cache.kept_cache(b, "timing"),

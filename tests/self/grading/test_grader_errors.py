@@ -434,15 +434,15 @@ def test_progress_counts_each_submission_by_its_exact_name():
     counts by the submission of each id's identity (the workers send them), none for another test."""
     from grading.check import CheckIdentity
     from grading.controller import ControllerPlugin
-    from grading.shards import Shard
+    from grading.tracks import Track
     plugin = ControllerPlugin.__new__(ControllerPlugin)  # its state only, no pytest config
     plugin.state = SimpleNamespace(submissions=[SimpleNamespace(name="s1"), SimpleNamespace(name="s10")])
     graded = {f"{MOD}::test_forward[s1-pytorch-a]@s1": ("s1", ""),
               f"{MOD}::test_forward[s10-pytorch-a]@s10": ("s10", ""),
               f"{MOD}::test_backward[s10-pytorch-a]@s10": ("s10", ""),
               f"{MOD}::test_forward[s1-triton-b]@s1/triton-bf16-full-d64": ("s1", "triton-bf16-full-d64")}
-    plugin.identities = {i: CheckIdentity(check_id=i, submission=name, shard=Shard(shard), case="a")
-                         for i, (name, shard) in graded.items()}
+    plugin.identities = {i: CheckIdentity(check_id=i, submission=name, track=Track(track), case="a")
+                         for i, (name, track) in graded.items()}
     ids = [*graded, "tests/self/reference/test_oracle.py::test_x"]
     plugin.set_pending(plugin.submission_of_id(i) for i in ids)
     assert plugin.pending == {"s1": 2, "s10": 2}

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from fa2_sandbox.wire.cases import FlashCase
 from grading.check import CheckIdentity, identify
 from grading.scheduler import GradingScheduling, later_half, spread_timing
-from grading.shards import Shard
+from grading.tracks import Track
 
 ROOT = Path(__file__).resolve().parents[3]
 FLASH = "grading/checks/test_flash.py"
@@ -62,11 +62,11 @@ def fake_config(workers: int):
 IDENTITIES = {}
 
 
-def nodeid_of(test: str, case: str, shard: str, submission: str = "alice", size: int | None = None) -> str:
+def nodeid_of(test: str, case: str, track: str, submission: str = "alice", size: int | None = None) -> str:
     """A flash check's xdist id, its identity noted in IDENTITIES: it shares its call with the other
     tests of its `case`, whose size is `size`."""
     identity = CheckIdentity(check_id=f"grading.checks.test_flash::{test}[{submission}-{case}]",
-                             submission=submission, shard=Shard(shard), case=case, case_size=size)
+                             submission=submission, track=Track(track), case=case, case_size=size)
     nodeid = f"{FLASH}::{test}[{submission}-{case}]@{identity.group}"
     IDENTITIES[nodeid] = identity
     return nodeid
@@ -80,7 +80,7 @@ def pairs(group: str, cases: int, submission: str = "alice") -> list:
 
 def timing(submission: str, slot: str = "triton") -> list:
     identity = CheckIdentity(check_id=f"grading.checks.test_timing::test_budget[{submission}-{slot}]",
-                             submission=submission, shard=Shard(f"timing-{slot}"), case=slot)
+                             submission=submission, track=Track(f"timing-{slot}"), case=slot)
     nodeid = f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{identity.group}"
     IDENTITIES[nodeid] = identity
     return [nodeid]
@@ -255,11 +255,11 @@ def test_a_checks_identity_comes_from_its_parameters():
         return SimpleNamespace(name=f"{test}[...]", module=SimpleNamespace(__name__="grading.checks.test_flash"),
                                callspec=SimpleNamespace(params={"submission": alice, **params}))
 
-    forward = identify(item("test_forward", slot="triton", tier="bf16", case=case), Shard(SLOW))
-    backward = identify(item("test_backward", slot="triton", tier="bf16", case=case), Shard(SLOW))
+    forward = identify(item("test_forward", slot="triton", tier="bf16", case=case), Track(SLOW))
+    backward = identify(item("test_backward", slot="triton", tier="bf16", case=case), Track(SLOW))
     assert forward.shared_call == backward.shared_call == f"triton-bf16-{case.id}"
     assert forward.case_size == 2 * 113 * 203 * 64 and forward.group == f"alice/{SLOW}"
-    alone = identify(item("test_ddp_bucketing"), Shard("distributed"))
+    alone = identify(item("test_ddp_bucketing"), Track("distributed"))
     assert alone.shared_call == alone.check_id == "grading.checks.test_flash::test_ddp_bucketing[...]"
     assert alone.case_size is None
     assert CheckIdentity.from_json(forward.to_json()) == forward

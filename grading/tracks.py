@@ -4,29 +4,30 @@ Under xdist a submission's tests go to workers by group (`--dist loadgroup`), an
 holds one runner per group. With one group per submission, a submission is graded by one
 process: a correct Triton kernel compiles and autotunes for every case, one case after another,
 and one submission took many minutes (notes/grading-speed.md, "one runner per submission").
-So a submission's tests are split into shards that share nothing but the student's code:
+So a submission's tests are split into tracks that share nothing but the student's code (tracks, not
+shards: in the handout a shard is the sharded optimizer's and FSDP's):
 
 - the Triton slot by (dtype, causal, head dim): the key Triton compiles a kernel for, so no
-  two shards compile the same kernel, and each shard's autotuning covers its own lengths; in a
-  class whose Triton shards by (dtype, causal) fill the workers, by (dtype, causal) (per_kernel_shards);
-- the PyTorch slot as one shard (it runs on the CPU, where compiling costs nothing);
-- the distributed checks (DDP, the sharded optimizer, FSDP) as one shard: its runner keeps its
+  two tracks compile the same kernel, and each track's autotuning covers its own lengths; in a
+  class whose Triton tracks by (dtype, causal) fill the workers, by (dtype, causal) (per_kernel_tracks);
+- the PyTorch slot as one track (it runs on the CPU, where compiling costs nothing);
+- the distributed checks (DDP, the sharded optimizer, FSDP) as one track: its runner keeps its
   ranks from one call to the next (fa2_sandbox/runner/ranks.py RankPool), so one spawn serves
-  them all where a shard each cost a runner start and a spawn each;
+  them all where a track each cost a runner start and a spawn each;
 - timing by slot (the PyTorch slot's runs_on_cuda joins its timing runner, so that the slot's
   runner on the CPU never starts CUDA), and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
-  PyTorch slot's memory check joins the PyTorch shard: it runs on the CPU at MEMORY_CASE, one of
+  PyTorch slot's memory check joins the PyTorch track: it runs on the CPU at MEMORY_CASE, one of
   the slot's own cases, so the slot's cached reply serves it at no cost, and the "tiled, never
-  N x N" requirement is graded wherever the slot is (a memory shard of its own ran the case a
-  second time in a runner of its own, and went ungraded where that shard did not run).
+  N x N" requirement is graded wherever the slot is (a memory track of its own ran the case a
+  second time in a runner of its own, and went ungraded where that track did not run).
 
-A Triton slot that is the template's NotImplementedError stub stays one shard: splitting it
-would start a runner per shard only to learn that it is not attempted. Without a GPU, without
-xdist or with one worker there is one shard per submission: there is no compiling to spread,
-and each shard would add a runner start, which made the reference slower on a CPU of few cores
+A Triton slot that is the template's NotImplementedError stub stays one track: splitting it
+would start a runner per track only to learn that it is not attempted. Without a GPU, without
+xdist or with one worker there is one track per submission: there is no compiling to spread,
+and each track would add a runner start, which made the reference slower on a CPU of few cores
 (notes/grading-speed.md, "A submission spreads over the workers").
 
-A shard's group name is "<submission>/<shard>"; xdist splits group names at "@", so neither
+A track's group name is "<submission>/<track>"; xdist splits group names at "@", so neither
 part may hold one (a directory name never holds "/").
 """
 from dataclasses import dataclass, field
@@ -38,7 +39,7 @@ SEPARATOR = "/"
 
 @dataclass(frozen=True)
 class Kind:
-    """What every shard of a kind shares: its place in the run order, and whether its check holds
+    """What every track of a kind shares: its place in the run order, and whether its check holds
     the GPU alone for a measured window (timing) or runs at N = 16384 (memory)."""
     rank: int
     timing: bool = False
@@ -46,15 +47,15 @@ class Kind:
 
 
 # The kinds, longest first: xdist's loadgroup hands groups to idle workers in collection order, so
-# a run whose longest shards come last ends with a few workers busy while the rest wait. Triton
+# a run whose longest tracks come last ends with a few workers busy while the rest wait. Triton
 # memory comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch
 # tiles in a Python loop takes minutes (the example triton_slot_without_triton). Then the PyTorch
-# slot and the distributed checks, then the Triton shards. The Triton shards before the PyTorch
+# slot and the distributed checks, then the Triton tracks. The Triton tracks before the PyTorch
 # slot, tried on the corpus class (one H200, -n 16), recorded fewer checks, finished fewer
 # submissions and cut more advice checks: every submission's compiling and autotuning at once made
 # each slower, the Triton checks used up the submissions' time limits first, and the slow PyTorch
 # slots (a tiled loop under torch.compile) came last (notes/grading-speed.md, "The Triton shards
-# first"). Timing shards sort last here, but the scheduler (grading/scheduler.py) spreads them
+# first"). Timing tracks sort last here, but the scheduler (grading/scheduler.py) spreads them
 # through the run, a few at a time per GPU: their measured windows pause the others' GPU calls
 # (gpu_ledger.py), and handed out together at the end they queued behind each other.
 KINDS = {
@@ -64,23 +65,23 @@ KINDS = {
     "triton": Kind(rank=3),  # "triton-<dtype>-<causal>[-d<head dim>]", or "triton" for a stub
     "timing-triton": Kind(rank=4, timing=True),
     "timing-pytorch": Kind(rank=5, timing=True),
-    "": Kind(rank=6),  # the whole submission, one runner: no sharding (a CPU, one worker)
+    "": Kind(rank=6),  # the whole submission, one runner: one track (a CPU, one worker)
 }
 HEAVY_FIRST = tuple(kind for kind in KINDS if kind)
 
 
 def kind_of(name: str) -> str:
-    """The kind of a shard's name: the kind itself, or the kind followed by "-" and its key."""
+    """The kind of a track's name: the kind itself, or the kind followed by "-" and its key."""
     kind = next((kind for kind in KINDS if name == kind or (kind and name.startswith(kind + "-"))), None)
     if kind is None:
-        raise ValueError(f"no shard kind named {name!r}: a shard's name is one of {', '.join(HEAVY_FIRST)}, or one "
-                         f"of them followed by '-' and its key. A new kind goes in grading/shards.py KINDS, with "
+        raise ValueError(f"no track kind named {name!r}: a track's name is one of {', '.join(HEAVY_FIRST)}, or one "
+                         f"of them followed by '-' and its key. A new kind goes in grading/tracks.py KINDS, with "
                          f"its place in the run order.")
     return kind
 
 
 @dataclass(frozen=True)
-class Shard:
+class Track:
     """One runner of a submission: its name ("triton-bf16-causal-d64", say), which its group's name
     and its runner's log carry, and its kind's properties. An unknown name is refused."""
     name: str
@@ -105,64 +106,64 @@ class Shard:
         return self.name
 
 
-WHOLE = Shard("")
-DISTRIBUTED = Shard("distributed")
+WHOLE = Track("")
+DISTRIBUTED = Track("distributed")
 
 
 def is_distributed(item) -> bool:
     """DDP, the sharded optimizer and FSDP: checks whose runner calls run on its ranks."""
-    return declared_shard(item, True) == DISTRIBUTED
+    return declared_track(item, True) == DISTRIBUTED
 
 
-def declared_shard(item, per_kernel: bool) -> Shard:
-    """The shard a checks module gives a test of its own: each module under grading/checks
-    declares `shard(params, per_kernel)`, so a new module says where its checks run."""
-    declare = getattr(item.module, "shard", None)
+def declared_track(item, per_kernel: bool) -> Track:
+    """The track a checks module gives a test of its own: each module under grading/checks
+    declares `track(params, per_kernel)`, so a new module says where its checks run."""
+    declare = getattr(item.module, "track", None)
     if declare is None:
-        raise TypeError(f"{item.module.__name__} declares no shard(params, per_kernel): each checks module "
-                        f"says which runner of a submission its checks use (grading/shards.py)")
-    shard = declare(item.callspec.params, per_kernel)
-    if not isinstance(shard, Shard):
-        raise TypeError(f"{item.module.__name__}.shard returned {shard!r}, not a Shard (grading/shards.py)")
-    return shard
+        raise TypeError(f"{item.module.__name__} declares no track(params, per_kernel): each checks module "
+                        f"says which runner of a submission its checks use (grading/tracks.py)")
+    track = declare(item.callspec.params, per_kernel)
+    if not isinstance(track, Track):
+        raise TypeError(f"{item.module.__name__}.track returned {track!r}, not a Track (grading/tracks.py)")
+    return track
 
 
-def shard_of(item, stubs: set, per_kernel: bool = True) -> Shard:
-    """The shard of a grading test, as its module declares it. A Triton slot that is the
-    template's stub stays one shard ("triton"), however its module would split it."""
-    shard = declared_shard(item, per_kernel)
-    if shard.kind is KINDS["triton"] and FLASH_SLOTS["triton"] in stubs:
-        return Shard("triton")
-    return shard
+def track_of(item, stubs: set, per_kernel: bool = True) -> Track:
+    """The track of a grading test, as its module declares it. A Triton slot that is the
+    template's stub stays one track ("triton"), however its module would split it."""
+    track = declared_track(item, per_kernel)
+    if track.kind is KINDS["triton"] and FLASH_SLOTS["triton"] in stubs:
+        return Track("triton")
+    return track
 
 
-def kernel_shard(case: FlashCase, per_kernel: bool = True) -> Shard:
-    """The Triton shard of a case: what Triton compiles a kernel for (dtype, causal flag, head
+def kernel_track(case: FlashCase, per_kernel: bool = True) -> Track:
+    """The Triton track of a case: what Triton compiles a kernel for (dtype, causal flag, head
     dim), or without `per_kernel` the kernels of one dtype and causal flag."""
     name = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
-    return Shard(f"{name}-d{case.head_dim}" if per_kernel else name)
+    return Track(f"{name}-d{case.head_dim}" if per_kernel else name)
 
 
-def timing_shard(slot: str) -> Shard:
+def timing_track(slot: str) -> Track:
     """A slot's timing runner: the timing check, and for the PyTorch slot its runs_on_cuda check
     (the one other check that puts that class on CUDA)."""
-    return Shard(f"timing-{slot}")
+    return Track(f"timing-{slot}")
 
 
-# The Triton shards of a submission without a shard per kernel: bfloat16 and float32, each causal or not.
+# The Triton tracks of a submission without a track per kernel: bfloat16 and float32, each causal or not.
 KERNEL_FAMILIES = 4
 
 
-def per_kernel_shards(submissions: int, workers: int) -> bool:
-    """Whether the Triton slot gets a shard per kernel. A shard per kernel lets one submission's
-    kernels compile on every worker at once, but each shard starts a runner (seconds of a core:
+def per_kernel_tracks(submissions: int, workers: int) -> bool:
+    """Whether the Triton slot gets a track per kernel. A track per kernel lets one submission's
+    kernels compile on every worker at once, but each track starts a runner (seconds of a core:
     Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. Where the
-    Triton shards by (dtype, causal flag) already fill the workers, the starts are the CPU's cost
+    Triton tracks by (dtype, causal flag) already fill the workers, the starts are the CPU's cost
     and nothing is gained: the corpus class on a 2-GPU host, split per kernel, made many more
     groups and ran CPU-bound, its runner starts taking more core time than one GPU's workers
     spent on theirs in a whole run, and it recorded fewer checks than one GPU by the same time
     (notes/grading-speed.md, "A shard per Triton kernel on two GPUs"). So a submission is
-    spread that thin only while its class's (dtype, causal) shards would leave workers idle."""
+    spread that thin only while its class's (dtype, causal) tracks would leave workers idle."""
     return submissions * KERNEL_FAMILIES < workers
 
 
@@ -235,6 +236,6 @@ def flash_case(item):
     return callspec.params.get("case") if callspec is not None else None
 
 
-def group_name(submission: str, shard: Shard) -> str:
-    """The xdist group of a submission's shard, "alice/triton-bf16-causal" ("alice" unsharded)."""
-    return f"{submission}{SEPARATOR}{shard.name}" if shard.name else submission
+def group_name(submission: str, track: Track) -> str:
+    """The xdist group of a submission's track, "alice/triton-bf16-causal" ("alice" unsharded)."""
+    return f"{submission}{SEPARATOR}{track.name}" if track.name else submission

@@ -1,4 +1,4 @@
-"""Which runner of its submission a grading test uses on a GPU (grading/shards.py)."""
+"""Which runner of its submission a grading test uses on a GPU (grading/tracks.py)."""
 import importlib
 import subprocess
 import sys
@@ -8,12 +8,12 @@ import pytest
 
 from fa2_sandbox.harness.scratch import PROJECT_ROOT
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase
-from grading import matrix, shards
-from grading.shards import Shard
+from grading import matrix, tracks
+from grading.tracks import Track
 
 
 def item(module: str, name: str, **params):
-    """A grading test of `module` (a real checks module: it declares the shard) with `params`."""
+    """A grading test of `module` (a real checks module: it declares the track) with `params`."""
     return SimpleNamespace(module=importlib.import_module(f"grading.checks.{module}"), originalname=name,
                            callspec=SimpleNamespace(params={"submission": "alice", **params}))
 
@@ -22,50 +22,50 @@ CASE = FlashCase(batch=(2,), n_queries=113, n_keys=203, head_dim=64, dtype="bflo
 
 
 def test_triton_cases_split_by_what_triton_compiles_for():
-    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), set()) \
-        == Shard("triton-bf16-causal-d64")
-    # forward and backward of one case share a shard, so they share the runner call
-    assert shards.shard_of(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), set()) \
-        == Shard("triton-bf16-causal-d64")
+    assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), set()) \
+        == Track("triton-bf16-causal-d64")
+    # forward and backward of one case share a track, so they share the runner call
+    assert tracks.track_of(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), set()) \
+        == Track("triton-bf16-causal-d64")
     fp32 = FlashCase(head_dim=16)
-    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="course", case=fp32), set()) \
-        == Shard("triton-fp32-full-d16")
+    assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="course", case=fp32), set()) \
+        == Track("triton-fp32-full-d16")
 
 
-def test_a_class_that_fills_the_workers_shards_triton_by_dtype_and_causal_flag():
-    assert shards.per_kernel_shards(submissions=1, workers=16)
-    assert shards.per_kernel_shards(submissions=3, workers=16)  # 12 (dtype, causal) shards: 4 workers idle
-    assert not shards.per_kernel_shards(submissions=4, workers=16)
-    assert not shards.per_kernel_shards(submissions=21, workers=32)  # the corpus class on two GPUs
+def test_a_class_that_fills_the_workers_tracks_triton_by_dtype_and_causal_flag():
+    assert tracks.per_kernel_tracks(submissions=1, workers=16)
+    assert tracks.per_kernel_tracks(submissions=3, workers=16)  # 12 (dtype, causal) tracks: 4 workers idle
+    assert not tracks.per_kernel_tracks(submissions=4, workers=16)
+    assert not tracks.per_kernel_tracks(submissions=21, workers=32)  # the corpus class on two GPUs
     d16 = FlashCase(head_dim=16, dtype="bfloat16", is_causal=True)
     for case in (CASE, d16):  # two kernels, one runner
-        assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=case), set(),
-                               per_kernel=False) == Shard("triton-bf16-causal")
+        assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=case), set(),
+                               per_kernel=False) == Track("triton-bf16-causal")
 
 
-def test_a_stubbed_triton_slot_stays_one_shard():
+def test_a_stubbed_triton_slot_stays_one_track():
     stub = {FLASH_SLOTS["triton"]}
-    assert shards.shard_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
-        == Shard("triton")
+    assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="causal", case=CASE), stub) \
+        == Track("triton")
 
 
 def test_other_parts():
-    assert shards.shard_of(item("test_flash", "test_forward", slot="pytorch", tier="handout", case=CASE), set()) \
-        == Shard("pytorch")
+    assert tracks.track_of(item("test_flash", "test_forward", slot="pytorch", tier="handout", case=CASE), set()) \
+        == Track("pytorch")
     # the PyTorch slot on CUDA joins its timing runner: its runner on the CPU never starts CUDA
-    assert shards.shard_of(item("test_flash", "test_runs_on_cuda", device="cuda"), set()) == Shard("timing-pytorch")
-    # a check of one case (hygiene, implementation) joins its case's shard, whose reply and kernels it shares
-    assert shards.shard_of(item("test_flash", "test_hygiene", slot="triton", tier="handout", case=CASE), set()) \
-        == Shard("triton-bf16-causal-d64")
+    assert tracks.track_of(item("test_flash", "test_runs_on_cuda", device="cuda"), set()) == Track("timing-pytorch")
+    # a check of one case (hygiene, implementation) joins its case's track, whose reply and kernels it shares
+    assert tracks.track_of(item("test_flash", "test_hygiene", slot="triton", tier="handout", case=CASE), set()) \
+        == Track("triton-bf16-causal-d64")
     # one runner, whose ranks serve every distributed check (one spawn, not one per check family)
-    assert shards.shard_of(item("test_distributed", "test_ddp_equivalence", flavour="bucketed",
-                                model_name="toy"), set()) == Shard("distributed")
-    assert shards.shard_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) \
-        == Shard("distributed")
-    assert shards.shard_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == Shard("distributed")
-    assert shards.shard_of(item("test_timing", "test_budget", slot="triton"), set()) == Shard("timing-triton")
-    assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="triton", phase="forward"), set()) \
-        == Shard("memory-triton")
+    assert tracks.track_of(item("test_distributed", "test_ddp_equivalence", flavour="bucketed",
+                                model_name="toy"), set()) == Track("distributed")
+    assert tracks.track_of(item("test_distributed", "test_sharded_equivalence", scenario="adamw"), set()) \
+        == Track("distributed")
+    assert tracks.track_of(item("test_fsdp", "test_fsdp_equivalence", precision="fp32"), set()) == Track("distributed")
+    assert tracks.track_of(item("test_timing", "test_budget", slot="triton"), set()) == Track("timing-triton")
+    assert tracks.track_of(item("test_memory", "test_no_score_matrix", slot="triton", phase="forward"), set()) \
+        == Track("memory-triton")
 
 
 def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
@@ -73,8 +73,8 @@ def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
     slot's reply serves it, and the requirement is graded wherever the slot is."""
     from grading.matrix import MEMORY_CASE, flash_cases
 
-    assert shards.shard_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
-        == Shard("pytorch")
+    assert tracks.track_of(item("test_memory", "test_no_score_matrix", slot="pytorch", phase="forward"), set()) \
+        == Track("pytorch")
     for on_gpu in (False, True):
         assert MEMORY_CASE in [case for _, case in flash_cases("pytorch", on_gpu)]
     # N x N is what the check looks for: it must dwarf every tile and every O(N d) tensor
@@ -94,12 +94,12 @@ def test_memory_checks_go_early_in_their_group():
              item("test_memory", "test_no_score_matrix", slot="triton", phase="forward")]
     group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", "c"])}
     ordered = list(items)
-    shards.memory_early(ordered, lambda i: group[id(i)])
+    tracks.memory_early(ordered, lambda i: group[id(i)])
     assert [items.index(i) for i in ordered] == [0, 2, 4, 3, 1, 5]
 
 
 def test_every_runner_of_flash_checks_gets_a_second_input():
-    """matrix.replay_cases: a case asked again on a second input in each shard whose runner
+    """matrix.replay_cases: a case asked again on a second input in each track whose runner
     answers flash checks (one per slot on a CPU, where a submission has one runner), and the same
     cases whatever the schedule, since they depend on the machine alone."""
     for on_gpu in (False, True):
@@ -107,14 +107,14 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
             probed = matrix.replay_cases(slot, on_gpu)
             cases = [case for _, case in matrix.flash_cases(slot, on_gpu)]
             assert all(case in cases for _, case in probed)
-            runners = {shards.shard_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
+            runners = {tracks.track_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
                        for tier, case in matrix.flash_cases(slot, on_gpu)}
-            required = {shards.shard_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
+            required = {tracks.track_of(item("test_flash", "test_forward", slot=slot, tier=tier, case=case), set())
                         for tier, case in matrix.flash_cases(slot, on_gpu) if tier in matrix.REQUIRED_TIERS[slot]}
             if on_gpu:  # every runner with a required case, and only those: odd head dims have none
-                assert {shards.shard_of(item("test_flash", "test_replay", slot=slot, tier=tier, case=case), set())
+                assert {tracks.track_of(item("test_flash", "test_replay", slot=slot, tier=tier, case=case), set())
                         for tier, case in probed} == required
-                odd = {shard for shard in runners if shard.name.endswith(("d48", "d80", "d96"))}
+                odd = {track for track in runners if track.name.endswith(("d48", "d80", "d96"))}
                 assert runners - required == odd and (slot == "pytorch" or odd)
             else:
                 assert len(probed) == 1
@@ -125,39 +125,39 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
     assert [case.id for _, case in matrix.replay_cases("triton", False)] == ["fp32-64x64-d16-full"]
 
 
-def test_every_shard_of_every_submission_is_a_group_of_its_own():
+def test_every_track_of_every_submission_is_a_group_of_its_own():
     names, kinds = ("alice", "s1", "s10", "bob.smith"), ("", "triton-bf16-causal-d64", "distributed")
-    groups = [shards.group_name(name, Shard(shard)) for name in names for shard in kinds]
+    groups = [tracks.group_name(name, Track(track)) for name in names for track in kinds]
     assert len(set(groups)) == len(groups)
     assert not any("@" in group for group in groups)  # xdist splits group names at "@"
 
 
-def test_heaviest_shards_run_first():
-    """Groups are collected longest first (shards.HEAVY_FIRST), Triton memory, whose cost has no
+def test_heaviest_tracks_run_first():
+    """Groups are collected longest first (tracks.HEAVY_FIRST), Triton memory, whose cost has no
     bound for a slow Triton slot, first of all, and timing last; the scheduler hands them out in
     that order but for the timing groups, which it spreads through the run (test_scheduler.py)."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
-    ordered = sorted(names, key=lambda name: Shard(name).rank)
+    ordered = sorted(names, key=lambda name: Track(name).rank)
     assert ordered == ["memory-triton", "pytorch", "distributed", "triton-bf16-causal-d64", "triton",
                        "timing-triton", "timing-pytorch"]
 
 
-def test_a_shard_is_a_kind_the_grader_knows():
-    """A shard's properties are its kind's (grading/shards.py KINDS), and a name of no kind is
+def test_a_track_is_a_kind_the_grader_knows():
+    """A track's properties are its kind's (grading/tracks.py KINDS), and a name of no kind is
     refused with a sentence that says where kinds are declared: it used to sort last unnoticed."""
-    assert Shard("timing-triton").timing and not Shard("triton-bf16-full-d64").timing
-    assert Shard("memory-triton").memory and not Shard("pytorch").memory
-    assert Shard("triton-bf16-full-d64").kind is shards.KINDS["triton"]
+    assert Track("timing-triton").timing and not Track("triton-bf16-full-d64").timing
+    assert Track("memory-triton").memory and not Track("pytorch").memory
+    assert Track("triton-bf16-full-d64").kind is tracks.KINDS["triton"]
     for name in ("gpu-memory", "tritonic", "timing"):
-        with pytest.raises(ValueError, match="no shard kind named .* grading/shards.py KINDS"):
-            Shard(name)
+        with pytest.raises(ValueError, match="no track kind named .* grading/tracks.py KINDS"):
+            Track(name)
 
 
-def test_a_checks_module_declares_a_shard_not_a_name():
-    module = SimpleNamespace(__name__="grading.checks.test_new", shard=lambda params, per_kernel: "pytorch")
-    with pytest.raises(TypeError, match="not a Shard"):
-        shards.declared_shard(SimpleNamespace(module=module, callspec=SimpleNamespace(params={})), True)
+def test_a_checks_module_declares_a_track_not_a_name():
+    module = SimpleNamespace(__name__="grading.checks.test_new", track=lambda params, per_kernel: "pytorch")
+    with pytest.raises(TypeError, match="not a Track"):
+        tracks.declared_track(SimpleNamespace(module=module, callspec=SimpleNamespace(params={})), True)
 
 
 def test_a_groups_checks_run_together():
@@ -166,14 +166,14 @@ def test_a_groups_checks_run_together():
     items = [item("test_flash", "test_forward", slot="pytorch", case=CASE) for _ in range(6)]
     group = {id(i): g for i, g in zip(items, ["a", "b", None, "a", "b", "a"])}
     ordered = list(items)
-    shards.groups_together(ordered, lambda i: group[id(i)])
+    tracks.groups_together(ordered, lambda i: group[id(i)])
     place = {id(i): k for k, i in enumerate(items)}  # the items are equal: tell them apart by identity
     assert [place[id(i)] for i in ordered] == [0, 3, 5, 1, 4, 2]
 
 
 def test_a_groups_flash_checks_go_smallest_case_first():
     """A runner fails at once a case no smaller than one that timed out: smallest first, a
-    submission that hangs waits out one timeout, not one per size (shards.smallest_case_first)."""
+    submission that hangs waits out one timeout, not one per size (tracks.smallest_case_first)."""
     big, small = FlashCase(n_queries=1024, n_keys=1024, dtype="bfloat16"), FlashCase(n_queries=17, n_keys=17)
     items = [item("test_flash", "test_hygiene", slot="pytorch", case=big),
              item("test_flash", "test_forward", slot="pytorch", case=CASE),
@@ -183,15 +183,15 @@ def test_a_groups_flash_checks_go_smallest_case_first():
              item("test_flash", "test_backward", slot="pytorch", case=small)]
     group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", None])}
     ordered = list(items)
-    shards.smallest_case_first(ordered, lambda i: group[id(i)])
+    tracks.smallest_case_first(ordered, lambda i: group[id(i)])
     # group a's three flash checks fill group a's flash places smallest first; the memory check keeps
     # its place, group b's and the ungrouped check theirs
     assert [items.index(i) for i in ordered] == [4, 1, 2, 3, 0, 5]
 
 
-def test_every_shards_runner_log_reaches_the_report():
-    """A submission spread over shards has a runner log per shard: results.json shows each under
-    its shard's name (not only the last shard's, as before), within one size budget."""
+def test_every_tracks_runner_log_reaches_the_report():
+    """A submission spread over tracks has a runner log per track: results.json shows each under
+    its track's name (not only the last track's, as before), within one size budget."""
     from grading.controller import LOG_TAILS_CHARS, joined_logs
 
     assert joined_logs({"": "only runner\n"}) == "only runner\n"
@@ -212,4 +212,4 @@ def test_the_sort_survives_pytests_own_reordering(tmp_path):
     distributed = [m in ("test_distributed.py", "test_fsdp.py") for m in modules]
     assert sum(distributed) > 10 and distributed == sorted(distributed, reverse=True), modules
     rest = [m for m in modules if m not in ("test_distributed.py", "test_fsdp.py")]
-    assert rest[1:5] == ["test_memory.py"] * 4, rest  # the smallest case, then memory (shards.memory_early)
+    assert rest[1:5] == ["test_memory.py"] * 4, rest  # the smallest case, then memory (tracks.memory_early)
