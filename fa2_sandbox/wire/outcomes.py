@@ -120,12 +120,13 @@ UNSETTLED = tuple(w for w, row in OUTCOMES.items() if not row.settled)
 # -- who ends a runner call with each status, and what a check the call fails ends with ---------
 RUNNER = "runner"  # serve.py sends it: the submission answered, raised, or had not been written
 HARNESS = "harness"  # client.py makes it: the runner could not answer (it hung, died, or never imported)
+RANK = "rank"  # serve.py writes it for one rank's scenario inside a distributed call's result, never as a call's status
 
 
 @dataclass(frozen=True)
 class Status:
     word: str
-    made_by: str  # RUNNER or HARNESS
+    made_by: str  # RUNNER, HARNESS or RANK
     fails_as: str | None  # the OUTCOMES word of a check this status fails; None: answered, the check goes on
     # The case's call got no answer: the check that made the call charges the failure, and every
     # other check that needs the answer says so (grading/checks/flash_checks.py got_no_answer).
@@ -137,12 +138,13 @@ STATUSES = {s.word: s for s in (
     Status(OK, RUNNER, None),
     Status(ERROR, RUNNER, ERROR, unanswered=True),
     Status(NOT_ATTEMPTED, RUNNER, NOT_ATTEMPTED),
-    Status(NOT_RUN, RUNNER, ERROR),  # only inside a distributed call's per-rank scenarios, never a call's status
+    Status(NOT_RUN, RANK, ERROR),
     Status(TIMEOUT, HARNESS, TIMEOUT, unanswered=True),
     Status(CRASH, HARNESS, CRASH, unanswered=True),
     Status(IMPORT_ERROR, HARNESS, IMPORT_ERROR),
 )}
-ANSWERED = (OK, ERROR, NOT_ATTEMPTED)  # what a runner may send as a call's status (client.py refuses the rest)
+# What a runner may send as a call's status (client.py refuses the rest).
+ANSWERED = tuple(s.word for s in STATUSES.values() if s.made_by == RUNNER)
 CALL_OUTCOMES = tuple(dict.fromkeys(s.fails_as for s in STATUSES.values() if s.fails_as))  # a failed check, by its call
 
 
