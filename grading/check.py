@@ -135,7 +135,7 @@ class CheckIdentity:
     check_id: str
     submission: str
     track: Track
-    case: str  # its parameters but the submission, "pytorch-fp32-fp32-17x17-d64-full" ("" for none)
+    case: str  # its parameters but the submission, "pytorch-robustness-fp32-17x17-d64-full" ("" for none)
     case_size: int | None = None  # its flash case's FlashCase.work, as the runner's timeouts compare them
 
     @property

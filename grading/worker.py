@@ -1,8 +1,9 @@
 """The grading plugin of the process that runs the checks: an xdist worker, or the one process of a
 run without workers (grading/pytest_plugin.py registers it there beside the controller's).
 
-It parametrizes the checks over the submissions, gives each collected check its track, its
-record's id and its rubric group (grading/check.py TestState), sorts the checks (grading/tracks.py),
+It parametrizes the checks over the submissions, gives each collected check its identity (its
+track, record id and case: grading/check.py CheckIdentity) and its rubric group, tells the
+controller each identity (an xdist worker, once collected), sorts the checks (grading/tracks.py),
 runs again a check that the grader's own code broke, and sends what each check found to the
 controller on its test report's user_properties: the check record as "grading_check"
 (CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's facts as
