@@ -2,7 +2,8 @@
 a run that collects no check stops with exit status 4 and writes no report; -k regrades part of
 a submission and keeps the other checks' results; --lf reruns only what failed and keeps what
 passed; a test the grader's own code broke runs once more and is then a grader error, in the
-test or in its setup; -x leaves a submission incomplete. The runners are still real subprocesses
+test or in its setup; -x leaves a submission incomplete; a bad rubric stops the run with status 4;
+the grader's sort of the checks survives pytest's own. The runners are still real subprocesses
 (the sandbox), the pytest session is not.
 
 Each run takes the grader's own settings (`-c`, `--rootdir`), as grading/pytest_plugin.py would
@@ -263,3 +264,23 @@ def keep_native_modules(monkeypatch):
 def _own_cache(keep_native_modules, pytester, monkeypatch):
     """--lf's cache in pytester's folder, never the outer run's."""
     monkeypatch.setenv("PYTEST_ADDOPTS", f"-o cache_dir={pytester.path / '.cache'}")
+
+
+def test_a_bad_rubric_stops_the_run_with_status_4_before_any_report(pytester, tmp_path):
+    from tests.self.grading.test_rubric import bad_rubric
+    path, line = bad_rubric(tmp_path, "visibility: after_due_date", "visibility: after_due")
+    result, reports = grade(pytester, f"--impl={REFERENCE}", "--rubric", str(path))
+    assert result.ret == 4, result.stdout.str()[-2000:]
+    assert f"{path}:{line}: groups.flash_pytorch.forward.robustness.visibility is 'after_due'" in result.stderr.str()
+    assert "Traceback" not in result.stderr.str() and not reports.exists()
+
+
+def test_the_sort_survives_pytests_own_reordering(pytester):
+    """pytest regroups items by session-scoped parameters after the tryfirst hooks; the sort
+    must come after it (on a CPU: a runner's distributed checks first, one after another)."""
+    result, _ = grade(pytester, "--collect-only", "-q", f"--impl={REFERENCE}")
+    modules = [line.split("::")[0].rsplit("/", 1)[-1] for line in result.outlines if "::" in line]
+    distributed = [m in ("test_distributed.py", "test_fsdp.py") for m in modules]
+    assert sum(distributed) > 10 and distributed == sorted(distributed, reverse=True), modules
+    rest = [m for m in modules if m not in ("test_distributed.py", "test_fsdp.py")]
+    assert rest[1:5] == ["test_memory.py"] * 4, rest  # the smallest case, then memory (tracks.memory_early)

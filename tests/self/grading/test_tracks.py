@@ -1,12 +1,9 @@
 """Which runner of its submission a grading test uses on a GPU (grading/tracks.py)."""
 import importlib
-import subprocess
-import sys
 from types import SimpleNamespace
 
 import pytest
 
-from fa2_sandbox.harness.scratch import PROJECT_ROOT
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase
 from grading import matrix, tracks
 from grading.tracks import Track
@@ -200,16 +197,3 @@ def test_every_tracks_runner_log_reaches_the_report():
     assert "--- the runner of ddp-ddp ---\nspawned 2 ranks\nEND-B" in text
     assert "--- the runner of triton-bf16-causal-d64 ---\n" in text and text.rstrip().endswith("END-A")
     assert len(text) <= LOG_TAILS_CHARS + 200
-
-
-def test_the_sort_survives_pytests_own_reordering(tmp_path):
-    """pytest regroups items by session-scoped parameters after the tryfirst hooks; the sort
-    must come after it (on a CPU: a runner's distributed checks first, one after another)."""
-    out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "--collect-only",
-                          "--impl=submissions/reference", f"--reports={tmp_path}"], cwd=PROJECT_ROOT,
-                         capture_output=True, text=True, timeout=300).stdout
-    modules = [line.split("::")[0].rsplit("/", 1)[-1] for line in out.splitlines() if "::" in line]
-    distributed = [m in ("test_distributed.py", "test_fsdp.py") for m in modules]
-    assert sum(distributed) > 10 and distributed == sorted(distributed, reverse=True), modules
-    rest = [m for m in modules if m not in ("test_distributed.py", "test_fsdp.py")]
-    assert rest[1:5] == ["test_memory.py"] * 4, rest  # the smallest case, then memory (tracks.memory_early)
