@@ -414,10 +414,12 @@ def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
     assert "12 passed" in output, output[-4000:]
     spread = [line for line in output.splitlines() if line.startswith("spread reference: ")]
     assert len(spread) >= 1 and " of its checks from gw" in spread[0], output[-4000:]
-    # Each worker's ids reached the controller with their identities: forward and backward of each
-    # of the 6 cases share a call.
+    # Each worker's ids reached the controller with their identities, each id (xdist's, "@group"
+    # and all) with its own test's: forward and backward of each of the 6 cases share a call.
     seen = [json.loads(line) for line in (tmp_path / "identities.jsonl").read_text().splitlines()]
     assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 12
     identities = [CheckIdentity.from_json(data) for data in seen[0].values()]
+    for nodeid, identity in zip(seen[0], identities):
+        assert nodeid == f"{FLASH}::{identity.check_id.partition('::')[2]}@{identity.group}", nodeid
     assert {i.submission for i in identities} == {"reference"}
     assert len({i.shared_call for i in identities}) == 6 and all(i.case_size for i in identities)
