@@ -237,5 +237,5 @@ def flash_case(item):
 
 
 def group_name(submission: str, track: Track) -> str:
-    """The xdist group of a submission's track, "alice/triton-bf16-causal" ("alice" unsharded)."""
+    """The xdist group of a submission's track, "alice/triton-bf16-causal" ("alice" for WHOLE)."""
     return f"{submission}{SEPARATOR}{track.name}" if track.name else submission
