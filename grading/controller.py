@@ -180,9 +180,11 @@ class ControllerPlugin:
 
     @pytest.hookimpl(optionalhook=True)  # an xdist hook: `-p no:xdist` must still work
     def pytest_xdist_node_collection_finished(self, node, ids):
-        """Before xdist hands the ids to the scheduler: the worker's identities of them."""
+        """Before xdist hands the ids to the scheduler: the worker's identities of them. Every worker
+        collects the same tests (xdist checks it), so one worker's file is read, not one per worker."""
         path = Path(node.workerinput["grading_identities"])
-        if path.is_file():  # none where the worker's collection stopped early (an error)
+        unknown = not all(i in self.identities for i in ids)
+        if unknown and path.is_file():  # none where the worker's collection stopped early (an error)
             self.identities.update({nodeid: CheckIdentity.from_json(data)
                                     for nodeid, data in json.loads(path.read_text()).items()})
         if not any(self.submission_of_id(i) for i in ids) and not narrowed(self.config):
