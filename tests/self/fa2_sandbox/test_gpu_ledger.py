@@ -213,6 +213,8 @@ def test_a_window_waits_for_room_for_its_calls_and_keeps_it(path, busy_runner):
     _, runner = busy_runner
     log = []
     big = hold_in_thread(path, log, "big", 8, seconds=0.6, runner=runner)  # paused, but keeps its 8 of 10
+    while not log:  # holding, not only queued: a window may pass a queued reservation it can pause
+        time.sleep(0.01)
     window = hold_in_thread(path, log, "window", window=4, seconds=0.1)
     small = hold_in_thread(path, log, "small", 2, seconds=0.1, runner=runner)  # fits beside big, not the window
     for thread in (big, window, small):
