@@ -131,18 +131,6 @@ def ddp_labels(flavour):
             "backward": "loss.backward()", "step": "optimizer.step()", "setup": "setup"}
 
 
-
-
-
-
-
-
-
-
-
-
-
-
 # -- DDP checks -------------------------------------------------------------------------------
 
 @pytest.mark.parametrize("flavour,model_name", [(f, m) for f in FLAVOURS for m in DDP_MODELS],

@@ -91,16 +91,7 @@ def gate_fsdp(c, session, submission):
     session.fail_if_stub(c, submission, "get_fsdp")
 
 
-# -- baselines --------------------------------------------------------------------------------
-
-
-
-
-
-
-
 # -- reading what the ranks returned ----------------------------------------------------------
-
 
 
 def gathered(c, ranks, tensors, precision, kind, want):
@@ -132,12 +123,6 @@ def layers_text(ranks) -> str:
 def diffs_text(finals, want) -> str:
     return "; ".join(f"rank {r}: max difference {d:.2g} in {n}" for r, (d, n) in
                      enumerate(max_diff(final, want) for final in finals))
-
-
-# -- diagnoses --------------------------------------------------------------------------------
-
-
-
 
 
 # -- checks -----------------------------------------------------------------------------------

@@ -4,9 +4,11 @@ The grader draws a new seed for every new reports folder, so a bound the referen
 seed in twenty fails one newcomer's first run in twenty, and a correct student the same way. Here
 the reference Triton kernel is judged by the rule itself (reference/tolerance.py's
 judge_attention, as grading/checks/test_flash.py calls it, without the grader around it) on this
-machine's bf16 cases of grading/matrix.py, over many seeds: 200 for the large-score cases (scores
-x8, scores near -200), whose softmax is almost one-hot so that the error sits in a few rows and
-the mean-error rule is at its noisiest, and the issue's seeds for the other bf16 cases
+machine's bf16 cases of grading/matrix.py, over many seeds: for the large-score cases (scores x8,
+scores near -200), whose softmax is almost one-hot so that the error sits in a few rows and the
+mean-error rule is at its noisiest, 200 on a GPU and 64 on a CPU, where every seed runs under the
+slow interpreter (64 seeds find a bound missed one seed in twenty with probability 1 - 0.95^64 =
+0.96), plus the seeds that failed before (below); the issue's seeds for the other bf16 cases
 (bench/seed_sweep.py runs any of them over 200 and more).
 
 On a CPU they run under the Triton interpreter, patched as the grader's runners patch it
@@ -28,7 +30,8 @@ ON_GPU = torch.cuda.is_available()
 DEVICE = "cuda" if ON_GPU else "cpu"
 BF16_PROBLEM = ensure_bf16(interpreted=not ON_GPU)
 
-LARGE_SCORES = 200  # seeds per large-score case
+LARGE_SCORES = 200 if ON_GPU else 64  # seeds per large-score case
+FAILED_BEFORE = (116, 134, 140)  # the x8 case's failures under a truncating interpreter
 OTHER_SEEDS = (0, 116, 134, 1861009893)  # for the other bf16 cases (the interpreter takes 0.1 to 3 s a call)
 CASES = [c for _, c in flash_cases("triton", ON_GPU) if c.dtype == "bfloat16"]
 LARGE = [c for c in CASES if c.score_scale != 1 or c.score_shift]
@@ -52,8 +55,9 @@ def failures(case, seeds) -> list:
 @pytest.mark.skipif(bool(BF16_PROBLEM), reason=BF16_PROBLEM or "")
 @pytest.mark.parametrize("case", LARGE, ids=[c.id for c in LARGE])
 def test_large_score_cases_pass_every_seed(case):
-    bad = failures(case, range(LARGE_SCORES))
-    assert not bad, f"{len(bad)} failures in {LARGE_SCORES} seeds: " + " ".join(bad[:5])
+    seeds = sorted({*range(LARGE_SCORES), *FAILED_BEFORE})
+    bad = failures(case, seeds)
+    assert not bad, f"{len(bad)} failures in {len(seeds)} seeds: " + " ".join(bad[:5])
 
 
 @pytest.mark.skipif(bool(BF16_PROBLEM), reason=BF16_PROBLEM or "")
