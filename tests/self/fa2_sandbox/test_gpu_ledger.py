@@ -24,13 +24,15 @@ def path(tmp_path):
 
 
 def hold_in_thread(ledger_path, log, name, nbytes=None, alone=False, seconds=HOLD_S, capacity=10, window=None,
-                   runner=None):
+                   runner=None, holding=False):
     """Start a thread that takes the GPU (a reservation of `nbytes`, a window of `window` bytes, or
     the GPU alone) for `seconds`, logging (name, 'in'/'out', time). Returns the thread once it has
-    queued. `runner`: the processes a window may pause during the reservation."""
+    queued, or with `holding` once it holds the GPU: a test whose later arrivals must find it
+    holding says so, for one that has only queued may be passed (a window passes a reservation it
+    can pause). `runner`: the processes a window may pause during the reservation."""
     ledger = GpuLedger(ledger_path, capacity)
 
-    def holding():
+    def take():
         if alone:
             return ledger.alone(name)
         if window is not None:
@@ -38,7 +40,7 @@ def hold_in_thread(ledger_path, log, name, nbytes=None, alone=False, seconds=HOL
         return ledger.reserve(nbytes, name, runner=runner)
 
     def run():
-        with holding():
+        with take():
             log.append((name, "in", time.monotonic()))
             time.sleep(seconds)
             log.append((name, "out", time.monotonic()))
@@ -46,13 +48,17 @@ def hold_in_thread(ledger_path, log, name, nbytes=None, alone=False, seconds=HOL
     thread = threading.Thread(target=run)
     thread.start()
     deadline = time.monotonic() + 5
-    while time.monotonic() < deadline:  # queued or holding: in the ledger's file
-        state = json.loads(ledger_path.read_text() or "{}") if ledger_path.exists() else {}
-        entries = list(state.get("holders", {}).values()) + list(state.get("waiting", {}).values())
-        if any(entry["what"] == name for entry in entries):
-            return thread
+    while time.monotonic() < deadline:
+        if holding:
+            if any(n == name and e == "in" for n, e, _ in log):
+                return thread
+        else:  # queued or holding: in the ledger's file
+            state = json.loads(ledger_path.read_text() or "{}") if ledger_path.exists() else {}
+            entries = list(state.get("holders", {}).values()) + list(state.get("waiting", {}).values())
+            if any(entry["what"] == name for entry in entries):
+                return thread
         time.sleep(0.01)
-    raise AssertionError(f"{name} never reached the ledger")
+    raise AssertionError(f"{name} never {'held the GPU' if holding else 'reached the ledger'}")
 
 
 def at(log, name, event):
@@ -72,7 +78,7 @@ def test_reservations_that_fit_run_together_and_one_that_does_not_waits(path):
 
 def test_the_gpu_alone_waits_for_the_holders_and_holds_nothing_back_while_it_waits(path):
     log = []
-    holder = hold_in_thread(path, log, "holder", 2)
+    holder = hold_in_thread(path, log, "holder", 2, holding=True)
     window = hold_in_thread(path, log, "window", alone=True)
     later = hold_in_thread(path, log, "later", 1)  # queued after the window: it need not wait for it
     for thread in (holder, window, later):
@@ -164,9 +170,7 @@ def state_of(pid: int) -> str:
 def test_a_window_pauses_a_compiling_runner_instead_of_waiting_for_it(path, busy_runner):
     process, runner = busy_runner
     log = []
-    holder = hold_in_thread(path, log, "compiling", 2, seconds=3.0, runner=runner)
-    while not log:
-        time.sleep(0.01)
+    holder = hold_in_thread(path, log, "compiling", 2, seconds=3.0, runner=runner, holding=True)
     ledger = GpuLedger(path, 10)
     started = time.monotonic()
     with ledger.window(4, "timing") as window:
@@ -212,9 +216,7 @@ def test_a_window_waits_for_work_that_cannot_be_paused(path):
 def test_a_window_waits_for_room_for_its_calls_and_keeps_it(path, busy_runner):
     _, runner = busy_runner
     log = []
-    big = hold_in_thread(path, log, "big", 8, seconds=0.6, runner=runner)  # paused, but keeps its 8 of 10
-    while not log:  # holding, not only queued: a window may pass a queued reservation it can pause
-        time.sleep(0.01)
+    big = hold_in_thread(path, log, "big", 8, seconds=0.6, runner=runner, holding=True)  # paused, keeps its 8 of 10
     window = hold_in_thread(path, log, "window", window=4, seconds=0.1)
     small = hold_in_thread(path, log, "small", 2, seconds=0.1, runner=runner)  # fits beside big, not the window
     for thread in (big, window, small):
