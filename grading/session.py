@@ -183,10 +183,11 @@ class Grading:
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 
-    def call_cached(self, submission, track: Track, key, request, timeout, what):
-        """One runner call shared by the checks that need it (forward and backward, say)."""
+    def call_cached(self, submission, track: Track, request, timeout, what, key=None):
+        """One runner call shared by the checks that make the same request (forward and backward,
+        say); `key` stands for a request that cannot be hashed (a distributed spec is a dict)."""
         self._switch_to(submission.name, track)
-        key = ((submission.name, track), key)  # replies never cross submissions or tracks
+        key = ((submission.name, track), key or request)  # replies never cross submissions or tracks
         if key not in self._replies:
             runner = self.runner(submission, track)
             reply = runner.call(request, timeout, what)
@@ -245,8 +246,8 @@ class TrackSession:
     def runner(self, submission) -> SubmissionRunner:
         return self._session.runner(submission, self.track)
 
-    def call_cached(self, submission, key, request, timeout, what):
-        return self._session.call_cached(submission, self.track, key, request, timeout, what)
+    def call_cached(self, submission, request, timeout, what, key=None):
+        return self._session.call_cached(submission, self.track, request, timeout, what, key)
 
     def fail_if_unimportable(self, check, submission):
         self._session.fail_if_unimportable(check, submission, self.track)

@@ -19,7 +19,7 @@ def distributed_call(session, submission, kind, spec, what):
     # call_cached keys every reply by its submission as well (replies never cross submissions),
     # so this is one spawn per kind and DDP flavour for each submission.
     key = ("distributed", kind, spec.get("flavour"))
-    return session.call_cached(submission, key, request, timeout, what)
+    return session.call_cached(submission, request, timeout, what, key)
 
 
 def settle_scenario(c, reply, scenario, labels=None):

@@ -63,12 +63,11 @@ def run_case(session, submission, slot, case, warmup=False, device=None, second=
     request = requests.Flash(slot, case, session.seed, device, warmup=warmup)
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
     timeout = flash_timeout(session, slot, device)
-    answer = session.call_cached(submission, ("flash", slot, case, device), request, timeout, what)
+    answer = session.call_cached(submission, request, timeout, what)
     asked_again = answer[0].ok and not warmup and device == slot_device(slot, session.on_gpu) \
         and case in [c for _, c in replay_cases(slot, session.on_gpu)]
     if asked_again:
-        again = session.call_cached(submission, ("second input", slot, case, device),
-                                    replace(request, second_input=True), timeout, f"{what}, a second input")
+        again = session.call_cached(submission, replace(request, second_input=True), timeout, f"{what}, a second input")
     if second:
         return again if asked_again else (None, None)
     return answer

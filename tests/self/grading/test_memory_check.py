@@ -23,15 +23,15 @@ def ran(peak_mib: float) -> Reply:
     return Reply("ok", result={"forward": seen, "backward": seen})
 
 
-class Grading:
-    """The grading fixture on a GPU, answering each flash call by the case's dtype."""
+class FakeSession:
+    """The session fixture on a GPU, answering each flash call by the case's dtype."""
 
     on_gpu, seed, rubric = True, 0, Rubric()
 
     def __init__(self, **replies):
         self.replies, self.asked = replies, []
 
-    def call_cached(self, submission, key, request, timeout, what):
+    def call_cached(self, submission, request, timeout, what, key=None):
         dtype = request.case.dtype
         self.asked.append(dtype)
         return self.replies[dtype], {}
@@ -39,17 +39,17 @@ class Grading:
 
 def grade(phase: str, **replies):
     """(outcome, output, dtypes asked for) of the Triton memory check of `phase`."""
-    grading, submission, made = Grading(**replies), SimpleNamespace(name="alice"), []
+    session, submission, made = FakeSession(**replies), SimpleNamespace(name="alice"), []
 
     def check(part, name, case="", tier="default"):
-        made.append(Check(submission, part, name, case, tier, grading.rubric))
+        made.append(Check(submission, part, name, case, tier, session.rubric))
         return made[-1]
 
     try:
-        test_memory.test_no_score_matrix(grading, submission, check, "triton", phase)
+        test_memory.test_no_score_matrix(session, submission, check, "triton", phase)
     except pytest.fail.Exception:
         pass
-    return made[0].record.outcome, made[0].record.output, grading.asked
+    return made[0].record.outcome, made[0].record.output, session.asked
 
 
 @pytest.mark.parametrize("phase", ["forward", "backward"])

@@ -73,8 +73,8 @@ def ran(backward_error: dict | None = None) -> Reply:
     return Reply("ok", result=result)
 
 
-class Grading:
-    """The grading fixture, answering each flash call by its case: `course` for the course case,
+class FakeSession:
+    """The session fixture, answering each flash call by its case: `course` for the course case,
     `other` for every other case."""
 
     seed, rubric = 0, Rubric()
@@ -86,22 +86,22 @@ class Grading:
     def fail_if_stub(self, check, submission, function):
         pass
 
-    def call_cached(self, submission, key, request, timeout, what):
+    def call_cached(self, submission, request, timeout, what, key=None):
         case = request.case
         self.asked.append(case)
         return (self.course if case == COURSE_CASE else self.other), {}
 
 
-def grade(test, grading, *args) -> Check:
-    """The Check that `test(grading, submission, check, *args)` settled."""
+def grade(test, session, *args) -> Check:
+    """The Check that `test(session, submission, check, *args)` settled."""
     submission, made = SimpleNamespace(name="alice"), []
 
     def check(part, name, case="", tier="default"):
-        made.append(Check(submission, part, name, case, tier, grading.rubric))
+        made.append(Check(submission, part, name, case, tier, session.rubric))
         return made[-1]
 
     try:
-        test(grading, submission, check, *args)
+        test(session, submission, check, *args)
     except (pytest.fail.Exception, pytest.skip.Exception):
         pass
     return made[0]
@@ -116,41 +116,41 @@ TIERS = ("course", "handout", "causal", "robustness")
 
 @pytest.mark.parametrize("refusal", [CUDA_ASSERT, BARE_ASSERT], ids=["with-message", "bare"])
 def test_a_class_that_refuses_cpu_tensors_needs_a_gpu_in_every_triton_check(refusal):
-    grading = Grading(on_gpu=False, course=error(refusal), other=error(refusal))
-    checks = [grade(test, grading, "triton", tier, triton_case(tier)) for tier in TIERS
+    session = FakeSession(on_gpu=False, course=error(refusal), other=error(refusal))
+    checks = [grade(test, session, "triton", tier, triton_case(tier)) for tier in TIERS
               for test in (test_flash.test_forward, test_flash.test_backward)]
     tier, case = next((t, c) for t, c in flash_cases("triton", False) if c.head_dim == 48)  # a refusable head dim
-    checks += [grade(test_flash.test_forward, grading, "triton", tier, case),
-               grade(test_flash.test_hygiene, grading, *test_flash.HYGIENE[1]),
-               grade(test_flash.test_no_library_attention, grading, *test_flash.IMPLEMENTATION[1]),
-               grade(test_flash.test_replay, grading, "triton", *replay_cases("triton", False)[0]),
-               grade(test_memory.test_no_score_matrix, grading, "triton", "forward"),
-               grade(test_memory.test_no_score_matrix, grading, "triton", "backward"),
-               grade(test_timing.test_budget, grading, "triton")]
+    checks += [grade(test_flash.test_forward, session, "triton", tier, case),
+               grade(test_flash.test_hygiene, session, *test_flash.HYGIENE[1]),
+               grade(test_flash.test_no_library_attention, session, *test_flash.IMPLEMENTATION[1]),
+               grade(test_flash.test_replay, session, "triton", *replay_cases("triton", False)[0]),
+               grade(test_memory.test_no_score_matrix, session, "triton", "forward"),
+               grade(test_memory.test_no_score_matrix, session, "triton", "backward"),
+               grade(test_timing.test_budget, session, "triton")]
     for c in checks:
         assert c.record.outcome == "not_graded_here", (c.record.check, c.record.case, c.record.output)
     for c in checks[:-3]:  # the flash checks quote the class's error; memory and timing need a GPU anyway
         assert c.record.output == ("not graded here: it needs a GPU: the class does not run under the CPU's "
                                           "Triton interpreter (the course case, B=4, N=128, d=64, float32, raised "
                                           f"{refusal['message']})"), c.record.output
-    assert set(grading.asked) == {COURSE_CASE}  # no other case was run to learn it
+    assert set(session.asked) == {COURSE_CASE}  # no other case was run to learn it
 
 
 def test_on_a_gpu_nothing_changes():
-    grading = Grading(on_gpu=True, course=error(CUDA_ASSERT), other=error(CUDA_ASSERT))
+    session = FakeSession(on_gpu=True, course=error(CUDA_ASSERT), other=error(CUDA_ASSERT))
     for tier in ("handout", "causal"):
         for test in (test_flash.test_forward, test_flash.test_backward):
-            c = grade(test, grading, "triton", tier, triton_case(tier, on_gpu=True))
+            c = grade(test, session, "triton", tier, triton_case(tier, on_gpu=True))
             assert c.record.outcome == "error" and "Triton kernel only support CUDA" in c.record.output, c.record.output
 
 
 def test_a_class_that_runs_the_course_case_is_judged_on_every_other_case():
     # It runs the course case under the interpreter, and raises on another case, even naming CUDA:
     # that error is its own, charged as on a GPU.
-    grading = Grading(on_gpu=False, course=ran(), other=error(CUDA_ASSERT))
+    session = FakeSession(on_gpu=False, course=ran(), other=error(CUDA_ASSERT))
     for tier in ("handout", "causal", "robustness"):
         for test in (test_flash.test_forward, test_flash.test_backward):
-            c = grade(test, grading, "triton", tier, triton_case(tier, dtype="bfloat16"))
+            c = grade(test, session, "triton", tier, triton_case(tier, dtype="bfloat16"))
             assert c.record.outcome == "error", (tier, c.record.output)
             # the backward names the forward's failure, which its case's forward check charges (issue 41)
             said = "raised" if test is test_flash.test_forward else "no answer to judge: the forward raised"
@@ -158,29 +158,29 @@ def test_a_class_that_runs_the_course_case_is_judged_on_every_other_case():
 
 
 def test_an_error_of_the_class_on_the_course_case_fails_the_other_cases():
-    grading = Grading(on_gpu=False, course=error(KEY_ERROR), other=error(KEY_ERROR))
+    session = FakeSession(on_gpu=False, course=error(KEY_ERROR), other=error(KEY_ERROR))
     for tier in ("handout", "causal"):
-        c = grade(test_flash.test_forward, grading, "triton", tier, triton_case(tier))
+        c = grade(test_flash.test_forward, session, "triton", tier, triton_case(tier))
         assert c.record.outcome == "error" and "raised KeyError: torch.float32" in c.record.output, c.record.output
     # the course tier alone stays "needs a GPU", as the official tests skip the class without one
-    c = grade(test_flash.test_forward, grading, "triton", "course", COURSE_CASE)
+    c = grade(test_flash.test_forward, session, "triton", "course", COURSE_CASE)
     assert c.record.outcome == "not_graded_here" and "KeyError: torch.float32" in c.record.output
 
 
 def test_a_backward_that_refuses_cpu_tensors_needs_a_gpu_in_the_backward_checks_only():
-    grading = Grading(on_gpu=False, course=ran(backward_error=CUDA_ASSERT),
+    session = FakeSession(on_gpu=False, course=ran(backward_error=CUDA_ASSERT),
                       other=error(raised(look_up_dtype, CPU_TENSOR)))
-    backward = grade(test_flash.test_backward, grading, "triton", "handout", triton_case("handout"))
+    backward = grade(test_flash.test_backward, session, "triton", "handout", triton_case("handout"))
     assert backward.record.outcome == "not_graded_here", backward.record.output
     assert ("(the backward of the course case, B=4, N=128, d=64, float32, raised AssertionError: Triton kernel only "
             "support CUDA)") in backward.record.output
-    forward = grade(test_flash.test_forward, grading, "triton", "handout", triton_case("handout"))
+    forward = grade(test_flash.test_forward, session, "triton", "handout", triton_case("handout"))
     assert forward.record.outcome == "error" and "KeyError: torch.float32" in forward.record.output
 
 
 def test_the_pytorch_class_is_judged_on_the_cpu_whatever_it_raises():
     # The official tests run the PyTorch class on the CPU: refusing CPU tensors there is a failure.
-    grading = Grading(on_gpu=False, course=error(CUDA_ASSERT), other=error(CUDA_ASSERT))
+    session = FakeSession(on_gpu=False, course=error(CUDA_ASSERT), other=error(CUDA_ASSERT))
     tier, case = next((t, c) for t, c in flash_cases("pytorch", False) if t == "handout")
-    c = grade(test_flash.test_forward, grading, "pytorch", tier, case)
+    c = grade(test_flash.test_forward, session, "pytorch", tier, case)
     assert c.record.outcome == "error" and "Triton kernel only support CUDA" in c.record.output
