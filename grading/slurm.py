@@ -25,6 +25,7 @@ import re
 import shlex
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from fa2_sandbox import PROJECT_ROOT
@@ -73,10 +74,38 @@ def finish_script(reports: Path, args) -> str:
         f"cd {shlex.quote(str(run_folder(reports)))}", " ".join(finish), ""])
 
 
+# What sbatch says when the controller was too busy to take the job, not when it refused it.
+BUSY = ("timed out", "temporarily", "try again")
+SUBMIT_TRIES, SUBMIT_WAIT_S = 3, 10
+
+
+class SubmitFailed(Exception):
+    """sbatch did not take a job; the message is a sentence for the person who submitted."""
+
+
 def sbatch(*argv) -> str:
-    """Submit; the job id sbatch gives back (--parsable: 'id' or 'id;cluster')."""
-    out = subprocess.run(["sbatch", "--parsable", *argv], check=True, capture_output=True, text=True).stdout
-    return out.strip().split(";")[0]
+    """Submit; the job id sbatch gives back (--parsable: 'id' or 'id;cluster'). A controller too
+    busy to answer (sbatch's message in BUSY) is asked again, SUBMIT_TRIES times in all; any other
+    failure is reported in sbatch's own words."""
+    for attempt in range(1, SUBMIT_TRIES + 1):
+        done = subprocess.run(["sbatch", "--parsable", *argv], capture_output=True, text=True)
+        if done.returncode == 0:
+            return done.stdout.strip().split(";")[0]
+        said = (done.stderr.strip() or done.stdout.strip() or f"no message, exit status {done.returncode}")
+        if attempt == SUBMIT_TRIES or not any(word in said.lower() for word in BUSY):
+            break
+        time.sleep(SUBMIT_WAIT_S)
+    tries = f" ({attempt} tries)" if attempt > 1 else ""
+    raise SubmitFailed(f"sbatch {' '.join(argv)} failed{tries}: {said}")
+
+
+def watched(array: str, finish_argv: list) -> str:
+    """Submit the finishing job of `array`; if Slurm does not take it, say how to undo the array."""
+    try:
+        return sbatch(*finish_argv)
+    except SubmitFailed as exc:
+        raise SubmitFailed(f"{exc}. Array job {array} was submitted, but no job will build the class page when "
+                           f"it ends: cancel it (scancel {array}) and submit again.") from exc
 
 
 def submit(args, extra: list) -> int:
@@ -86,7 +115,7 @@ def submit(args, extra: list) -> int:
         state = json.loads((slurm / "job.json").read_text())
         script = slurm / "grade.sbatch"
         array = sbatch(f"--array={args.regrade}", str(script))
-        finish = sbatch(f"--dependency=afterany:{array}", str(slurm / "finish.sbatch"), array)
+        finish = watched(array, [f"--dependency=afterany:{array}", str(slurm / "finish.sbatch"), array])
         state.setdefault("regrades", []).append({"task": args.regrade, "job": array, "finish": finish})
         (slurm / "job.json").write_text(json.dumps(state, indent=1))
         print(f"regrading task {args.regrade} ({', '.join(state['shares'][args.regrade])}): "
@@ -116,7 +145,7 @@ def submit(args, extra: list) -> int:
     (slurm / "grade.sbatch").write_text(grade)
     (slurm / "finish.sbatch").write_text(finish)
     array = sbatch(str(slurm / "grade.sbatch"))
-    done = sbatch(f"--dependency=afterany:{array}", str(slurm / "finish.sbatch"), array)
+    done = watched(array, [f"--dependency=afterany:{array}", str(slurm / "finish.sbatch"), array])
     names = [[Path(p).name for p in share] for share in shares]
     (slurm / "job.json").write_text(json.dumps({"array": array, "finish": done, "shares": names,
                                                "skipped": [str(p) for p in skipped]}, indent=1))
@@ -216,7 +245,12 @@ def main(argv=None) -> int:
         extra = [f"--rubric={args.rubric}", *extra]
     if args.regrade is None and not args.impl:
         parser.error("slurm needs --impl (or --regrade T)")
-    return submit(args, extra)
+    try:
+        return submit(args, extra)
+    except SubmitFailed as exc:
+        print(f"fa2-grade slurm: {exc}\nSee `sinfo` and the controller's log; nothing else was submitted.",
+              file=sys.stderr)
+        return 1
 
 
 if __name__ == "__main__":

@@ -52,6 +52,7 @@ def slurm_conf(folder: Path, host: str) -> str:
         "AccountingStorageType=accounting_storage/none", "MinJobAge=600", "MpiDefault=none",
         "SelectType=select/cons_tres", "SelectTypeParameters=CR_CPU", "ReturnToService=2",
         "SlurmdParameters=config_overrides",
+        "MessageTimeout=60",  # not 10 s: on CI's 2 cores, busy with the other tests, a regrade's sbatch once failed
         f"NodeName={host} CPUs=4 State=UNKNOWN",  # more than the machine's 2: every task of the class runs at once
         f"PartitionName=debug Nodes={host} Default=YES MaxTime=INFINITE State=UP", ""])
 
@@ -173,3 +174,61 @@ def test_a_path_that_is_not_a_submission_submits_nothing_and_help_names_the_defa
     for default in ("(default: 16)", "(default: 02:00:00)", "(default: one per submission)",
                     "(default: --cpus-per-task)", "(default: fa2-grade)", "(default: none asked for)"):
         assert default in shown, default
+
+
+def fake_sbatch(folder: Path, replies: list) -> Path:
+    """An `sbatch` on PATH that answers its n-th call with replies[n]: (exit status, what it prints;
+    stdout on success, stderr otherwise), and logs its arguments to calls.txt."""
+    script = folder / "sbatch"
+    (folder / "replies.json").write_text(json.dumps(replies))
+    script.write_text(f"""#!{sys.executable}
+import json, sys
+folder = {str(folder)!r}
+with open(folder + "/calls.txt", "a") as log:
+    log.write(" ".join(sys.argv[1:]) + "\\n")
+calls = open(folder + "/calls.txt").read().count("\\n")
+status, said = json.load(open(folder + "/replies.json"))[calls - 1]
+print(said, file=sys.stdout if status == 0 else sys.stderr)
+sys.exit(status)
+""")
+    script.chmod(0o755)
+    return folder
+
+
+def submit_with(tmp_path, monkeypatch, replies):
+    from grading import slurm
+
+    (tmp_path / "bin").mkdir()
+    bin_folder = fake_sbatch(tmp_path / "bin", replies)
+    monkeypatch.setenv("PATH", f"{bin_folder}:{os.environ['PATH']}")
+    monkeypatch.setattr(slurm, "SUBMIT_WAIT_S", 0)
+    reports = tmp_path / "reports"
+    status = slurm.main(["slurm", f"--reports={reports}", *[f"--impl={s}" for s in CLASS]])
+    calls = (bin_folder / "calls.txt").read_text().splitlines()
+    return status, reports, calls
+
+
+def test_a_busy_controller_is_asked_again_and_the_job_goes_in(tmp_path, capsys, monkeypatch):
+    busy = "sbatch: error: Batch job submission failed: Socket timed out on send/recv operation"
+    status, reports, calls = submit_with(tmp_path, monkeypatch, [(1, busy), (1, busy), (0, "41"), (0, "42")])
+    assert status == 0, capsys.readouterr().err
+    assert len(calls) == 4 and calls[3].startswith("--parsable --dependency=afterany:41")
+    job = json.loads((reports / ".slurm" / "job.json").read_text())
+    assert (job["array"], job["finish"]) == ("41", "42")
+
+
+def test_a_refused_job_is_named_in_sbatchs_words_not_a_traceback(tmp_path, capsys, monkeypatch):
+    refused = "sbatch: error: Batch job submission failed: Invalid partition name specified"
+    status, reports, calls = submit_with(tmp_path, monkeypatch, [(1, refused)])
+    err = capsys.readouterr().err
+    assert status == 1 and len(calls) == 1  # not asked again: the controller answered
+    assert err.startswith("fa2-grade slurm: sbatch ") and refused in err and "Traceback" not in err
+    assert not (reports / ".slurm" / "job.json").exists()
+
+
+def test_an_array_without_its_finishing_job_says_how_to_undo_it(tmp_path, capsys, monkeypatch):
+    busy = "sbatch: error: Slurm temporarily unable to accept job"
+    status, reports, calls = submit_with(tmp_path, monkeypatch, [(0, "41"), (1, busy), (1, busy), (1, busy)])
+    err = capsys.readouterr().err
+    assert status == 1 and len(calls) == 4
+    assert "(3 tries)" in err and "Array job 41 was submitted" in err and "scancel 41" in err
