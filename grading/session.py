@@ -2,6 +2,7 @@
 submissions, the rubric and seed, one runner per submission and track, the replies the checks share,
 the GPU this process grades on and its ledger. A test sees it as a TrackSession: the same state,
 its runner calls going to the runner of the test's track."""
+import json
 import os
 import platform
 import tempfile
@@ -80,7 +81,7 @@ class Grading:
         self.per_kernel_tracks = tracks.per_kernel_tracks(len(self.submissions), workers)
         self._runners = {}  # (submission name, track) -> SubmissionRunner
         self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
-        self._replies = {}  # ((submission name, track), call key) -> (Reply, tensors)
+        self._replies = {}  # ((submission name, track), the request as sent) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
@@ -183,11 +184,12 @@ class Grading:
         check.fail(f"not attempted: {function} raises NotImplementedError in {submission.adapters_file}.",
                    outcome=outcomes.NOT_ATTEMPTED)
 
-    def call_cached(self, submission, track: Track, request, timeout, what, key=None):
+    def call_cached(self, submission, track: Track, request, timeout, what):
         """One runner call shared by the checks that make the same request (forward and backward,
-        say); `key` stands for a request that cannot be hashed (a distributed spec is a dict)."""
+        say): the same fields, as the runner is sent them."""
         self._switch_to(submission.name, track)
-        key = ((submission.name, track), key or request)  # replies never cross submissions or tracks
+        asked = json.dumps(request.to_json(), sort_keys=True)
+        key = ((submission.name, track), asked)  # replies never cross submissions or tracks
         if key not in self._replies:
             runner = self.runner(submission, track)
             reply = runner.call(request, timeout, what)
@@ -246,8 +248,8 @@ class TrackSession:
     def runner(self, submission) -> SubmissionRunner:
         return self._session.runner(submission, self.track)
 
-    def call_cached(self, submission, request, timeout, what, key=None):
-        return self._session.call_cached(submission, self.track, request, timeout, what, key)
+    def call_cached(self, submission, request, timeout, what):
+        return self._session.call_cached(submission, self.track, request, timeout, what)
 
     def fail_if_unimportable(self, check, submission):
         self._session.fail_if_unimportable(check, submission, self.track)

@@ -16,10 +16,8 @@ def distributed_call(session, submission, kind, spec, what):
     shared by every check that reads it."""
     timeout = session.rubric.timeout("distributed")
     request = requests.Distributed(kind, session.seed, spec, WORLD_SIZE, timeout_s=max(30.0, timeout - 20))
-    # call_cached keys every reply by its submission as well (replies never cross submissions),
-    # so this is one spawn per kind and DDP flavour for each submission.
-    key = ("distributed", kind, spec.get("flavour"))
-    return session.call_cached(submission, request, timeout, what, key)
+    # One spawn per kind and DDP flavour for each submission: the checks of one make the same request.
+    return session.call_cached(submission, request, timeout, what)
 
 
 def settle_scenario(c, reply, scenario, labels=None):

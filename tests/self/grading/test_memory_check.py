@@ -31,7 +31,7 @@ class FakeSession:
     def __init__(self, **replies):
         self.replies, self.asked = replies, []
 
-    def call_cached(self, submission, request, timeout, what, key=None):
+    def call_cached(self, submission, request, timeout, what):
         dtype = request.case.dtype
         self.asked.append(dtype)
         return self.replies[dtype], {}
