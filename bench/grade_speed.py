@@ -42,6 +42,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench.cpu_account import account, print_account  # noqa: E402
 from bench.utilization import Utilization  # noqa: E402
 from fa2_sandbox.wire.outcomes import CRASH, GRADER_ERROR, IMPORT_ERROR  # noqa: E402
 
@@ -78,8 +79,11 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
     if time_limit is not None:  # each submission's (grading/time_limit.py)
         command.append(f"--time-limit={time_limit:g}")
     print("+", " ".join(command), flush=True)
-    env = {**os.environ, **(env or {}), "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT)}
+    # GRADER_CPU_LOG: each runner's CPU by activity, for the account (bench/cpu_account.py)
+    env = {**os.environ, **(env or {}), "FA2_TIMELINE": str(out / "timeline.json"), "PYTHONPATH": str(ROOT),
+           "GRADER_CPU_LOG": str(out / "cpu.jsonl")}
     (out / "timeline.json").unlink(missing_ok=True)
+    (out / "cpu.jsonl").unlink(missing_ok=True)
     start = time.monotonic()
     stopped = False
     with (out / "pytest.log").open("w") as log, Utilization() as use:
@@ -97,7 +101,8 @@ def grade(grader: Path, impls: list, workers: str, out: Path, limit: float, seed
             "windows_line": windows[-1] if windows else None,
             **breakdown(reports, time.time() - wall, workers == "0"),
             "runner_starts": runner_starts(reports), "workers": workers_summary(out / "timeline.json"),
-            "utilization": use.summary()}
+            "utilization": (summary := use.summary()),
+            "cpu_account": account(use.processes, out / "cpu.jsonl", out / "timeline.json", summary["busy_core_s"])}
 
 
 def idle_sdpa_ms(rubric_file: Path) -> dict:
@@ -368,6 +373,9 @@ def print_table(runs: list) -> None:
                 print(f"    {group}: {span}")
     for r in results:
         print_phases(r)
+    for r in results:
+        if r.get("cpu_account"):
+            print_account(f"{r['scenario']} ({r['label']})", r["cpu_account"])
     print_timing(results)
     for r in results:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")
@@ -415,6 +423,9 @@ def print_phases(r: dict) -> None:
         total = sum(use["cpu_by_role"].values()) or 1.0
         print(f"{r['scenario']}: where the CPU went (core-seconds): " + ", ".join(
             f"{role} {s:.0f} ({s / total:.0%})" for role, s in list(use["cpu_by_role"].items())[:8]))
+    if use.get("other_commands"):
+        print(f"{r['scenario']}: the processes of no known role, by command line (core-seconds): " + "; ".join(
+            f"{command} {s:.0f}" for command, s in use["other_commands"].items()))
     windows = r.get("windows") or {}
     if windows:
         waits = sorted(w.get("waited_s", 0) + w.get("in_flight_s", 0) for w in windows.values())

@@ -23,6 +23,8 @@ import subprocess
 import threading
 import time
 
+from bench.cpu_account import ProcessLedger, read_stat
+
 
 def cpu_times():
     """(busy, total) jiffies over every core since boot, or None without /proc/stat."""
@@ -60,28 +62,37 @@ ROLES = (
 )
 
 
+# Processes of the fork server (fa2_sandbox/runner/fork_server.py) share its command line: they
+# are told apart by the name each gives itself.
+FORKED = {"fa2-runner": "runner (student code)", "fa2-forkserver": "fork servers"}
+
+
 def process_cpu():
-    """{pid: (core-seconds of user and system time, role)} of every process now, or {} without /proc."""
-    ticks = os.sysconf("SC_CLK_TCK") if hasattr(os, "sysconf") else 100
+    """{pid: ((ppid, own core-seconds, reaped children's core-seconds, start ticks, comm), role)} of
+    every process now, or {} without /proc."""
     found = {}
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
     except OSError:
         return found
     for pid in pids:
+        stat = read_stat(pid)
         try:
-            with open(f"/proc/{pid}/stat") as f:
-                stat = f.read()
             with open(f"/proc/{pid}/cmdline", "rb") as f:
                 command = f.read().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
-        fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "
-        seconds = (int(fields[11]) + int(fields[12])) / ticks  # utime, stime
-        comm = stat[stat.index("(") + 1:stat.rindex(")")]
-        role = next((name for name, words in ROLES if any(w in command for w in words)), f"other ({comm})")
-        found[int(pid)] = (seconds, role)
+        if stat is None:
+            continue
+        role = FORKED.get(stat[4]) or next((name for name, words in ROLES if any(w in command for w in words)),
+                                           f"other ({stat[4]})")
+        found[int(pid)] = (stat, role)
+        if role.startswith("other ("):
+            COMMANDS[int(pid)] = command[:120]
     return found
+
+
+COMMANDS = {}  # pid -> command line, of the processes of no known role (what "other" holds)
 
 
 CPU_IDLE = 0.10  # a sample period in which less than this share of the cores was busy
@@ -93,19 +104,26 @@ class Utilization:
         self.period = period
         self.samples = []  # (monotonic time, cpu_times(), gpu_utilization())
         self.by_role = {}  # role -> core-seconds
+        self.by_command = {}  # command line -> core-seconds, of the processes of no known role
         self._seen = {}  # pid -> (core-seconds at the last sample, role)
+        self.processes = ProcessLedger()  # every process's CPU, for bench/cpu_account.py's account
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self):
         self.samples.append((time.monotonic(), cpu_times(), gpu_utilization()))
         now = process_cpu()
-        for pid, (seconds, role) in now.items():
+        for pid, (stat, role) in now.items():
+            seconds = stat[1]
             before = self._seen.get(pid)
             # a pid first seen counts from 0 unless it was there at the start (then from its first sample)
             start = before[0] if before is not None else (seconds if len(self.samples) == 1 else 0.0)
             self.by_role[role] = self.by_role.get(role, 0.0) + max(0.0, seconds - start)
-        self._seen = now
+            if role.startswith("other (") and pid in COMMANDS:
+                command = COMMANDS[pid] or role
+                self.by_command[command] = self.by_command.get(command, 0.0) + max(0.0, seconds - start)
+        self._seen = {pid: (stat[1], role) for pid, (stat, role) in now.items()}
+        self.processes.sample(time.time(), now)
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -132,11 +150,17 @@ class Utilization:
             for i in range(gpus):
                 busy[i] += (u0[i][0] + u1[i][0]) / 200 * (t1 - t0)
         memory = [max(s[2][i][1] for s in self.samples) / 1024 for i in range(gpus)]
+        busy_core_s = None
+        if first[1] and last[1]:
+            busy_core_s = (last[1][0] - first[1][0]) / os.sysconf("SC_CLK_TCK")
         return {"seconds": round(last[0] - first[0], 1), "cpus": os.cpu_count(), "cpu_busy": cpu_busy,
+                "busy_core_s": round(busy_core_s, 1) if busy_core_s is not None else None,
                 "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory],
                 "both_idle": self.both_idle(),
                 "cpu_by_role": {role: round(s, 1) for role, s in sorted(self.by_role.items(), key=lambda x: -x[1])
-                                if s >= 0.5}}
+                                if s >= 0.5},
+                "other_commands": {c: round(s, 1) for c, s in sorted(self.by_command.items(), key=lambda x: -x[1])[:10]
+                                   if s >= 1.0}}
 
     def both_idle(self) -> list:
         """[start, seconds] of every stretch of at least IDLE_GAP_S, from the first sample, in

@@ -97,3 +97,9 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
 # The memory checks' shape: at N = 1024 one batch-head's score matrix (1M elements) dwarfs
 # every tile and every O(N d) tensor (64K elements).
 MEMORY_CASE = FlashCase(batch=(2,), n_queries=1024, n_keys=1024, head_dim=64, is_causal=True)
+
+# The cases whose calls watch every aten op (fa2_sandbox/wire/requests.py Flash.watch_ops): the
+# implementation check reads the course case's (library attention called) and the memory check
+# MEMORY_CASE's on a CPU (the largest tensor). Every other call runs unwatched, as in the
+# official tests: the watch runs Python on each op, 3 to 5 times a tile loop's own CPU.
+WATCHED_CASES = (COURSE_CASE, MEMORY_CASE)

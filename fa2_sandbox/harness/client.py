@@ -25,6 +25,7 @@ the next call starts a fresh runner, so one failure never leaks into the next ch
 through a pipe into a bounded in-memory tail (watchdog.py), so a submission that prints
 gigabytes costs neither disk nor memory.
 """
+import json
 import os
 import secrets
 import shutil
@@ -36,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fa2_sandbox.harness import confinement
+from fa2_sandbox.harness import confinement, forked
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
@@ -45,6 +46,9 @@ from fa2_sandbox.wire import tensors as wire_tensors
 from fa2_sandbox.wire.channel import Channel, ChannelClosed, ReceiveTimeout
 
 LOG_TAIL_BYTES = 8192
+# bench/grade_speed.py's account of a class: where each runner appends its CPU by activity. Unset
+# (the default), runners do not profile themselves.
+CPU_LOG = os.environ.get("GRADER_CPU_LOG")
 MAX_PHASES = 64
 
 
@@ -159,8 +163,10 @@ class SubmissionRunner:
 
     def __init__(self, submission: Submission, env: dict | None = None, import_timeout: float = 120.0,
                  memory_limit: int | None = None, kept_kernels: Path | None = None, gpu_ledger=None,
-                 dense_backward: bool = True):
+                 dense_backward: bool = True, forked: bool = True):
         self.submission = submission
+        # Whether the runner may be forked from a fork server (forked.py) rather than started afresh.
+        self.forked = forked
         self.gpu_ledger = gpu_ledger  # gpu_ledger.GpuLedger of the runner's GPU, or None (no GPU)
         # Whether a call's GPU allowance has room for N x N scores (FlashCase.gpu_allowance_bytes): a
         # student's class may hold them in its backward; the reference never does.
@@ -214,11 +220,21 @@ class SubmissionRunner:
         # -P: the submission's folder (the cwd) does not go first on sys.path, so a root-level
         # torch/ or triton/ cannot shadow the real ones; the runner adds it after importing them.
         argv = [sys.executable, "-P", "-m", "fa2_sandbox.runner.serve", str(to_runner_r), str(from_runner_w)]
-        if self.isolation.get("launcher", True):
-            argv = confinement.launch_command(self.scratch_folder.sandbox_spec(self.isolation, self.memory_limit), argv)
-        self.process = subprocess.Popen(
-            argv, cwd=root, env=self.scratch_folder.runner_env(self.isolation, self.env), stdin=subprocess.DEVNULL,
-            stdout=log_w, stderr=log_w, pass_fds=(to_runner_r, from_runner_w), start_new_session=True)
+        spec = self.scratch_folder.sandbox_spec(self.isolation, self.memory_limit) \
+            if self.isolation.get("launcher", True) else None
+        env = self.scratch_folder.runner_env(self.isolation, self.env)
+        # Forked from a process that has imported torch and Triton (forked.py), confined the same
+        # way; started afresh where no fork server can be had.
+        server = forked.fork_server(env) if self.forked else None
+        self.process = server.spawn(spec, root, env, (to_runner_r, from_runner_w, log_w)) if server else None
+        if self.process is None:
+            if server is not None:
+                self.note(f"runner started afresh, not forked: {server.broken}")
+            if spec is not None:
+                argv = confinement.launch_command(spec, argv)
+            self.process = subprocess.Popen(
+                argv, cwd=root, env=env, stdin=subprocess.DEVNULL, stdout=log_w, stderr=log_w,
+                pass_fds=(to_runner_r, from_runner_w), start_new_session=True)
         for fd in (to_runner_r, from_runner_w, log_w):
             os.close(fd)
         self.watchdog = Watchdog(self.process, log_r, self.output, self.memory_limit, self.uid,
@@ -226,7 +242,8 @@ class SubmissionRunner:
         self.watchdog.start()
         self.channel = Channel(from_runner_r, to_runner_w)
         self.channel.send({"root": str(root), "adapters_file": self.submission.adapters_file,
-                           "extra_paths": self.submission.extra_paths, "exchange": str(self.scratch_folder.exchange)})
+                           "extra_paths": self.submission.extra_paths, "exchange": str(self.scratch_folder.exchange),
+                           "cpu_profile": bool(CPU_LOG)})
         self._launched_at = started
 
     def _await_ready(self) -> dict:
@@ -239,6 +256,7 @@ class SubmissionRunner:
             self.ready = {"import_error": f"{self.submission.adapters_file} could not be imported: {reply.message}"}
         else:
             self.ready = reply
+            self._log_cpu(reply)
             # how long a start costs (Python, torch, triton, the adapters): bench/grade_speed.py reads it
             self.note(f"runner ready in {time.monotonic() - self._launched_at:.1f} s")
         if self.ready.get("import_error"):
@@ -438,7 +456,20 @@ class SubmissionRunner:
             self.stop()  # out of memory, a poisoned CUDA context, a forged reply: start afresh
         return reply
 
+    def _log_cpu(self, message: dict) -> None:
+        """The runner's CPU by activity so far (fa2_sandbox/runner/cpu_profile.py), one line of
+        GRADER_CPU_LOG: bench/grade_speed.py's account of a class reads it. Nothing is judged by it."""
+        cpu = message.get("cpu")
+        if not CPU_LOG or not isinstance(cpu, dict) or self.process is None:
+            return
+        line = {"pid": self.process.pid, "submission": self.submission.name, "at": time.time(),
+                "worker": os.environ.get("PYTEST_XDIST_WORKER"), "worker_pid": os.getpid(),
+                "cpu": {str(k): float(v) for k, v in cpu.items() if isinstance(v, (int, float))}}
+        with open(CPU_LOG, "a") as f:
+            f.write(json.dumps(line) + "\n")
+
     def _reply(self, message: dict, tag: str, what: str) -> Reply:
+        self._log_cpu(message)
         where = f" during {next(reversed(self.phases), 'setup')}" + (f" ({what})" if what else "")
         if message.get("tag") != tag or message.get("status") not in outcomes.ANSWERED:
             return Reply(outcomes.CRASH, f"sent an invalid reply (not the answer to the request it was sent){where}")

@@ -159,10 +159,11 @@ def _close_fds_but(keep: set) -> None:
         low = fd + 1
 
 
-def _init_and_runner(libc, spec: dict, cwd: str, argv: list) -> None:
+def _init_and_runner(libc, spec: dict, cwd: str, argv: list, start=None) -> None:
     """Mode "userns", once the namespaces exist: fork the PID namespace's init, which builds the
-    runner's root, drops every capability and forks the runner; this process waits for the init
-    and exits as the runner did (the same status, or the same signal). Never returns."""
+    runner's root, drops every capability and forks the runner (exec'd from `argv`, or `start()`
+    called there); this process waits for the init and exits as the runner did (the same status,
+    or the same signal). Never returns."""
     status_r, status_w = os.pipe()
     alive_r, alive_w = os.pipe()  # this end closes when the launcher dies: the init looks once
     init = os.fork()
@@ -182,7 +183,7 @@ def _init_and_runner(libc, spec: dict, cwd: str, argv: list) -> None:
             runner = os.fork()
             if runner == 0:
                 try:
-                    os.execv(argv[0], argv)
+                    start() if start is not None else os.execv(argv[0], argv)
                 finally:
                     os._exit(71)
             _close_fds_but({status_w})  # the grader sees the runner's pipes close when it does
@@ -224,8 +225,10 @@ def _loopback_up() -> None:
         fcntl.ioctl(s, siocsifflags, struct.pack("16sH22x", b"lo", flags | iff_up))
 
 
-def launch(spec: dict, argv: list) -> None:
-    """Confine this process as `spec` says, then exec `argv`. Never returns."""
+def launch(spec: dict, argv: list, start=None) -> None:
+    """Confine this process as `spec` says, then exec `argv`, or call `start()` instead (a runner
+    forked from the fork server, fa2_sandbox/runner/fork_server.py, which holds its imports
+    already). Never returns."""
     grader = os.getppid()
     os.umask(0o022)
     for name, value in spec.get("limits", {}).items():
@@ -255,8 +258,11 @@ def launch(spec: dict, argv: list) -> None:
     if os.getppid() != grader:  # the grader died before that: nobody is waiting
         os._exit(71)
     if spec.get("userns"):
-        _init_and_runner(libc, spec, cwd, argv)
+        _init_and_runner(libc, spec, cwd, argv, start)
     os.chdir(cwd)  # the same path, in the new root
+    if start is not None:
+        start()
+        os._exit(71)
     os.execv(argv[0], argv)
 
 

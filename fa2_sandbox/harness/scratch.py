@@ -177,7 +177,10 @@ class ScratchFolder:
         env.update({"PYTHONPATH": os.pathsep.join([str(self.trusted)] + site_paths), "PYTHONUNBUFFERED": "1",
                     "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(self.home), "TMPDIR": str(self.home / "tmp"),
                     "USER": "grader", "LOGNAME": "grader", "XDG_CACHE_HOME": str(self.home / ".cache"),
-                    "TRITON_CACHE_DIR": str(self.triton_cache), "GRADER_RUNNER": "1"})
+                    "TRITON_CACHE_DIR": str(self.triton_cache), "GRADER_RUNNER": "1",
+                    # Triton's home (its dump and override folders) is the runner's, not whatever
+                    # HOME a process that imported Triton first had (a fork server's, forked.py)
+                    "TRITON_HOME": str(self.home)})
         if self.kept_kernels is not None:  # autotuning results go into the kept cache too
             env["TRITON_CACHE_AUTOTUNING"] = "1"
         if isolation["network"]:

@@ -94,9 +94,16 @@ class _DispatchWatch(TorchDispatchMode):
 
 
 class Watch:
-    """Context manager: `with Watch() as w: ...` then read w.report()."""
+    """Context manager: `with Watch(ops=...) as w: ...` then read w.report().
 
-    def __init__(self):
+    Triton launches and the device's peak are always counted: they cost nothing per op. With
+    `ops`, the two torch modes also see every call and every aten op (library attention, the
+    largest tensor); they run Python on each op, which made a PyTorch tile loop 3 to 5 times as
+    costly in CPU, so only the calls whose checks read them ask for it. Without `ops` the report
+    says None for what it did not watch, so a check that reads it by mistake fails loudly."""
+
+    def __init__(self, ops: bool = True):
+        self.ops = ops
         self.forbidden = Counter()
         self._function = _FunctionWatch(self.forbidden)
         self._dispatch = _DispatchWatch(self.forbidden)
@@ -108,13 +115,15 @@ class Watch:
             _synchronize()
             _reset_peak()
             self._allocated_before = _allocated()
-        self._function.__enter__()
-        self._dispatch.__enter__()
+        if self.ops:
+            self._function.__enter__()
+            self._dispatch.__enter__()
         return self
 
     def __exit__(self, *exc):
-        self._dispatch.__exit__(*exc)
-        self._function.__exit__(*exc)
+        if self.ops:
+            self._dispatch.__exit__(*exc)
+            self._function.__exit__(*exc)
         if torch.cuda.is_available():
             _synchronize()
             self.peak_bytes = _max_allocated() - self._allocated_before
@@ -124,9 +133,11 @@ class Watch:
 
     def report(self) -> dict:
         launched = triton_launches - self._launches_before
-        return {"triton_launches": dict(launched), "forbidden_ops": dict(self.forbidden),
-                "largest_numel": self._dispatch.largest[0], "largest_shape": list(self._dispatch.largest[1]),
-                "peak_bytes": self.peak_bytes}
+        watched = {"forbidden_ops": dict(self.forbidden), "largest_numel": self._dispatch.largest[0],
+                   "largest_shape": list(self._dispatch.largest[1])}
+        if not self.ops:
+            watched = dict.fromkeys(watched)
+        return {"triton_launches": dict(launched), **watched, "peak_bytes": self.peak_bytes}
 
 
 class DtypeWatch(_DispatchWatch):

@@ -21,7 +21,7 @@ from pathlib import Path
 # called `torch` or `triton` cannot shadow them.
 import torch
 
-from fa2_sandbox.runner import distributed_ops, flash_call, input_changes, instruments
+from fa2_sandbox.runner import cpu_profile, distributed_ops, flash_call, input_changes, instruments
 from fa2_sandbox.runner.errors import describe, import_failure
 from fa2_sandbox.runner.ranks import RankPool
 from fa2_sandbox.wire import course_env, outcomes, requests
@@ -197,8 +197,9 @@ def call_adapter(module, name, *args):
 
 
 class Runner:
-    def __init__(self, channel: Channel, module, exchange: Path):
+    def __init__(self, channel: Channel, module, exchange: Path, profile: "cpu_profile.Profile | None" = None):
         self.channel, self.module, self.exchange = channel, module, exchange
+        self.profile = profile  # where this process's CPU went, for the bench (cpu_profile.py); None: not asked
         self.rank_pool = None  # the ranks of the last distributed call, kept for the next one
         self.timed = None  # a timing budget's prepared inputs and last outputs, between its calls
         self.tag = None  # the call being served: its tensors are saved under it
@@ -228,7 +229,7 @@ class Runner:
         result, tensors = {}, {}
 
         self.phase("forward")
-        with instruments.Watch() as watch:
+        with instruments.Watch(ops=request.watch_ops) as watch:
             inputs, o, lse = flash_call.forward(cls, q, k, v, case.is_causal)
             if o.is_cuda:
                 SYNC()
@@ -247,7 +248,7 @@ class Runner:
         if request.backward:
             self.phase("backward")
             try:
-                with instruments.Watch() as watch:
+                with instruments.Watch(ops=request.watch_ops) as watch:
                     grads = flash_call.backward(inputs, o, do)
                     if o.is_cuda:
                         SYNC()
@@ -402,6 +403,8 @@ class Runner:
             reply["seconds"] = CLOCK() - start
             reply["tag"] = self.tag
             reply["gpu_peak"] = gpu_peak()
+            if self.profile is not None:
+                reply["cpu"] = self.profile.totals()
             if message.get("op") != requests.TimePasses.op:  # a window's next call would allocate it all again
                 give_back_gpu_memory()
             self.channel.send(reply)
@@ -416,6 +419,7 @@ def main() -> None:
         ensure_bf16(interpreted=True)
     root = Path(config["root"])
     adapters_file = root / config["adapters_file"]
+    profile = cpu_profile.Profile(str(root)).start() if config.get("cpu_profile") else None
     os.chdir(root)
     try:
         module = load_adapters(root, adapters_file, config.get("extra_paths", []))
@@ -428,9 +432,13 @@ def main() -> None:
         channel.send({"event": "ready", "import_error": error, "traceback": traceback.format_exc(limit=-8)})
         return
     functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))
-    channel.send({"event": "ready", "import_error": None, "functions": functions,
-                  "cuda": torch.cuda.is_available(), "torch": torch.__version__})
-    Runner(channel, module, Path(config["exchange"])).serve()
+    hello = {"event": "ready", "import_error": None, "functions": functions, "cuda": torch.cuda.is_available(),
+             "torch": torch.__version__}
+    if profile is not None:
+        profile.ready()
+        hello["cpu"] = profile.totals()
+    channel.send(hello)
+    Runner(channel, module, Path(config["exchange"]), profile).serve()
 
 
 if __name__ == "__main__":

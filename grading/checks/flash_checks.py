@@ -12,7 +12,7 @@ from functools import lru_cache
 from fa2_sandbox.wire import outcomes, requests
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
 from grading.diagnoses import mistakes
-from grading.matrix import COURSE_CASE, replay_cases, slot_device
+from grading.matrix import COURSE_CASE, WATCHED_CASES, replay_cases, slot_device
 from reference.tolerance import expected_attention, tf32_attention_and_grads
 
 SLOTS = tuple(FLASH_SLOTS)  # "pytorch", "triton"
@@ -60,7 +60,7 @@ def run_case(session, submission, slot, case, warmup=False, device=None, second=
     asked first, so what the second answer shows is the same in every schedule. `second` returns
     its reply and tensors instead, or (None, None) where the case's own call failed."""
     device = device or slot_device(slot, session.on_gpu)
-    request = requests.Flash(slot, case, session.seed, device, warmup=warmup)
+    request = requests.Flash(slot, case, session.seed, device, warmup=warmup, watch_ops=case in WATCHED_CASES)
     what = f"N={case.n_queries}x{case.n_keys}, d={case.head_dim}, {'causal' if case.is_causal else 'non-causal'}"
     timeout = flash_timeout(session, slot, device)
     answer = session.call_cached(submission, request, timeout, what)

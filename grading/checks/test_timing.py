@@ -43,7 +43,7 @@ def reference_runner(session) -> SubmissionRunner:
         reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
         return SubmissionRunner(reference, env=session.worker_env(), import_timeout=session.rubric.timeout("import"),
                                 kept_kernels=session.kept_kernels(reference.root, "timing"),
-                                gpu_ledger=session.gpu_ledger, dense_backward=False)
+                                gpu_ledger=session.gpu_ledger, dense_backward=False, forked=False)
     return session.keep("timing reference", start)
 
 

@@ -1,0 +1,252 @@
+"""Where a class run's CPU went, per submission and by phase: the account of issue 53.
+
+    ledger = ProcessLedger()           # bench/utilization.py feeds it a /proc snapshot every second
+    ...the run...
+    report = account(ledger, cpu_log, timeline, busy_core_s)
+
+Three sources, each for what only it knows:
+- /proc, every second (ProcessLedger): each process's CPU (utime + stime), its parent and what it
+  is (bench/utilization.py ROLES). A child that lived and died between two samples (ptxas, gcc)
+  shows as its parent's reaped time (cutime + cstime) less what was already seen of the children
+  that went; that is charged to the parent as "short-lived children".
+- the runners' own profiles (fa2_sandbox/runner/cpu_profile.py, GRADER_CPU_LOG): which
+  submission a runner pid is, and how its CPU split between starting, compiling, the student's
+  calls and the rest. A runner's /proc total is split in those proportions; what it used after
+  its last reply (a call cut off by a timeout or a crash) is "after the last reply".
+- bench/timeline.py: which submission each grader worker was grading when; a worker's CPU (the
+  oracles, the judging, pytest's own work) and that of its children other than runners go to it.
+
+What no submission owns (the controller, the sampler, the machine's other processes, the last
+second of processes whose parent went with them) is "everything else", and the account's sum is
+held against the busy core-seconds /proc/stat counted over the run.
+"""
+import json
+import os
+from collections import defaultdict
+from pathlib import Path
+
+from fa2_sandbox.runner import cpu_profile
+
+RUNNER, WORKER, CONTROLLER = "runner (student code)", "grader workers", "grader controller"
+COMPILE_ROLES = ("torch.compile workers", "compilers (ptxas, gcc, ld)")
+RANKS = "distributed ranks"
+FORK_SERVER = "fork servers"  # fa2_sandbox/runner/fork_server.py, bench/utilization.py FORKED
+# The account's columns, in the order printed.
+UNPROFILED = "runner, unprofiled"  # a runner that never said hello (its import failed or hung)
+OTHER_CHILDREN = "runners' other children"
+COLUMNS = (cpu_profile.STARTING, cpu_profile.COMPILING, cpu_profile.STUDENT, cpu_profile.WATCHING,
+           cpu_profile.WAITING, cpu_profile.OWN, "after the last reply", UNPROFILED, RANKS, OTHER_CHILDREN,
+           "grader worker")
+
+
+def read_stat(pid: str):
+    """(ppid, own core-seconds, reaped children's core-seconds, start time in ticks, comm) or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is the state
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks,
+            int(fields[19]), stat[stat.index("(") + 1:stat.rindex(")")])
+
+
+class ProcessLedger:
+    """Every process's CPU between samples, kept by (pid, start time) so a reused pid is another."""
+
+    def __init__(self):
+        self.procs = {}  # key -> {"pid", "ppid", "role", "cpu", "last", "reaped", "worker", "runner", "deltas"}
+        self.first = True
+
+    def sample(self, wall: float, snapshot: dict) -> None:
+        """snapshot: {pid: (stat tuple, role)} of every process now."""
+        live = {}
+        for pid, (stat, role) in snapshot.items():
+            ppid, own, reaped, started, _ = stat
+            key = (pid, started)
+            p = self.procs.get(key)
+            if p is None:
+                p = self.procs[key] = {"pid": pid, "ppid": ppid, "role": role, "cpu": 0.0, "short_lived": 0.0,
+                                       "last": own if self.first else 0.0, "reaped": reaped if self.first else 0.0,
+                                       "deltas": [], "alive": True}
+            if not role.startswith("other (") or p["role"].startswith("other ("):
+                p["role"] = role  # kept once known: an exiting process's command line reads empty
+            delta = max(0.0, own - p["last"])
+            p["cpu"] += delta
+            p["last"] = own
+            if delta:
+                p["deltas"].append((wall, delta))
+            p["reaped_delta"] = max(0.0, reaped - p["reaped"])
+            p["reaped"] = reaped
+            live[key] = p
+        by_pid = {p["pid"]: p for p in live.values()}
+        gone = {p["pid"]: p for key, p in self.procs.items() if p["alive"] and key not in live}
+        for p in gone.values():
+            p["alive"] = False
+            # What was seen of it comes back as the reaped time of its nearest ancestor still here:
+            # its parent's, or, where the parent went in the same second, the grandparent's.
+            parent = by_pid.get(self._root_ppid(p, gone))
+            if parent is not None:
+                parent["reaped_delta"] = parent.get("reaped_delta", 0.0) - p["last"] - p["reaped"]
+        for p in live.values():
+            unseen = max(0.0, p.pop("reaped_delta", 0.0))
+            if unseen and not self.first:
+                p["short_lived"] += unseen
+                p["deltas"].append((wall, unseen))
+            if "ancestry" not in p:  # who it belongs to, found while its parents live
+                p["ancestry"] = self._ancestry(p, by_pid)
+        self.first = False
+
+    @staticmethod
+    def _root_ppid(p: dict, gone: dict) -> int:
+        """The parent pid of the topmost of `p`'s ancestors that went in the same second."""
+        node, hops = p, 0
+        while node["ppid"] in gone and hops < 64:
+            node, hops = gone[node["ppid"]], hops + 1
+        return node["ppid"]
+
+    @staticmethod
+    def _ancestry(p: dict, by_pid: dict) -> dict:
+        """The nearest runner and the nearest grader worker at or above this process."""
+        found, seen, node = {}, set(), p
+        while node is not None and node["pid"] not in seen:
+            seen.add(node["pid"])
+            if node["role"] == RUNNER and "runner" not in found:
+                found["runner"] = node["pid"]
+            if node["role"] == WORKER and "worker" not in found:
+                found["worker"] = node["pid"]
+            if node["role"] in (WORKER, RUNNER, CONTROLLER):
+                found["run"] = True
+            node = by_pid.get(node["ppid"])
+        return found
+
+
+def runner_profiles(cpu_log: Path) -> tuple[dict, dict]:
+    """From GRADER_CPU_LOG: runner pid -> (submission, its last totals), and grader worker pid ->
+    its xdist name (gw3), which a worker's /proc environment does not hold (xdist sets it later)."""
+    last, workers = {}, {}
+    if cpu_log.exists():
+        for line in cpu_log.read_text().splitlines():
+            try:
+                row = json.loads(line)
+            except ValueError:
+                continue
+            last[row["pid"]] = (row["submission"], row["cpu"])
+            if row.get("worker"):
+                workers[row["worker_pid"]] = row["worker"]
+    return last, workers
+
+
+def worker_schedule(timeline: Path) -> dict:
+    """worker -> [(start, stop, submission)] of its tests, in order (bench/timeline.py)."""
+    spans = defaultdict(list)
+    if timeline.exists():
+        for line in timeline.read_text().splitlines():
+            if not line.strip():
+                continue
+            row = json.loads(line)
+            group = row["test"].rsplit("@", 1)[-1] if "@" in row["test"] else None
+            if group:
+                spans[row["worker"]].append((row["start"], row["stop"], group.split("/")[0], row["test"]))
+    return {w: sorted(s) for w, s in spans.items()}
+
+
+def submission_at(spans: list, wall: float):
+    """The submission a worker was grading at `wall`: the test running then, else the next one
+    (its setup, a runner's start), else the last."""
+    for start, stop, name, _ in spans:
+        if wall <= stop:
+            return name
+    return spans[-1][2] if spans else None
+
+
+def account(ledger: ProcessLedger, cpu_log: Path, timeline: Path, busy_core_s: float | None) -> dict:
+    profiles, worker_names = runner_profiles(cpu_log)
+    schedule = worker_schedule(timeline)
+    rows = defaultdict(lambda: dict.fromkeys(COLUMNS, 0.0))
+    elsewhere = defaultdict(float)  # role -> core-seconds of the run's processes no submission owns
+    outside = defaultdict(float)  # role -> core-seconds of processes outside the run
+    for p in ledger.procs.values():
+        total = p["cpu"] + p["short_lived"]
+        if not total:
+            continue
+        runner = p.get("ancestry", {}).get("runner")
+        owner = profiles.get(runner, (None,))[0] if runner is not None else None
+        if owner is not None and runner == p["pid"]:
+            split_runner(rows[owner], p["cpu"], profiles[runner][1])
+            rows[owner][cpu_profile.COMPILING] += p["short_lived"]  # ptxas, gcc: reaped by the runner
+        elif owner is not None:
+            rows[owner][RANKS if p["role"] == RANKS else cpu_profile.COMPILING if p["role"] in COMPILE_ROLES
+                        else OTHER_CHILDREN] += total
+        elif p["role"] == FORK_SERVER:  # its imports, once per worker: the run's, not one submission's
+            elsewhere[FORK_SERVER] += total
+        elif (worker := worker_names.get(p.get("ancestry", {}).get("worker"))) in schedule:
+            column = UNPROFILED if runner is not None else "grader worker"
+            for wall, delta in p["deltas"]:
+                name = submission_at(schedule[worker], wall)
+                if name is not None:
+                    rows[name][column] += delta
+                else:
+                    elsewhere["grader workers between submissions"] += delta
+        elif p.get("ancestry", {}).get("run"):
+            elsewhere[p["role"]] += total
+        else:  # the machine's other processes: the device's agent, kernel threads, this bench
+            outside[p["role"]] += total
+    submissions = {name: {**{k: round(v, 1) for k, v in row.items()}, "total": round(sum(row.values()), 1),
+                          **spans_of(schedule, name)} for name, row in rows.items()}
+    accounted = sum(s["total"] for s in submissions.values()) + sum(elsewhere.values()) + sum(outside.values())
+    return {"submissions": dict(sorted(submissions.items(), key=lambda kv: -kv[1]["total"])),
+            "everything_else": {k: round(v, 1) for k, v in sorted(elsewhere.items(), key=lambda kv: -kv[1])},
+            "accounted_core_s": round(accounted, 1), "busy_core_s": round(busy_core_s, 1) if busy_core_s else None,
+            "outside_the_run": {k: round(v, 1) for k, v in sorted(outside.items(), key=lambda kv: -kv[1])},
+            "columns": list(COLUMNS)}
+
+
+def split_runner(row: dict, measured: float, totals: dict) -> None:
+    """A runner's /proc CPU, split as its profile split the CPU it had reported by its last reply."""
+    reported = totals.get("process", 0.0)
+    profiled = sum(totals.get(a, 0.0) for a in cpu_profile.ACTIVITIES) or 1.0
+    scale = min(measured, reported) / profiled
+    for activity in cpu_profile.ACTIVITIES:
+        row[activity] += totals.get(activity, 0.0) * scale
+    row["after the last reply"] += max(0.0, measured - reported)
+
+
+def spans_of(schedule: dict, name: str) -> dict:
+    """A submission's wall span (its first test's start to its last's stop) and its longest test."""
+    tests = [(start, stop, test) for spans in schedule.values() for start, stop, sub, test in spans if sub == name]
+    if not tests:
+        return {"span_s": None, "longest_s": None, "longest": None}
+    longest = max(tests, key=lambda t: t[1] - t[0])
+    return {"span_s": round(max(t[1] for t in tests) - min(t[0] for t in tests), 1),
+            "longest_s": round(longest[1] - longest[0], 1), "longest": longest[2].split("::")[-1].split("@")[0]}
+
+
+def print_account(name: str, report: dict) -> None:
+    columns = report["columns"]
+    subs = report["submissions"]
+    print(f"\n{name}: CPU core-seconds per submission, by phase")
+    print("| submission | " + " | ".join(columns) + " | total | wall span s | longest check (s) |")
+    print("|---" * (len(columns) + 4) + "|")
+    sums = dict.fromkeys(columns, 0.0)
+    for sub, row in subs.items():
+        for c in columns:
+            sums[c] += row[c]
+        print(f"| {sub.split('__')[0]} | " + " | ".join(f"{row[c]:.0f}" for c in columns)
+              + f" | {row['total']:.0f} | {row['span_s']} | {row['longest']} ({row['longest_s']}) |")
+    total = sum(sums.values())
+    print("| all | " + " | ".join(f"{sums[c]:.0f} ({sums[c] / (total or 1):.0%})" for c in columns)
+          + f" | {total:.0f} | | |")
+    rest = sum(report["everything_else"].values())
+    busy = report["busy_core_s"]
+    print(f"{name}: the run's processes that no submission owns {rest:.0f} core-s (" + ", ".join(
+        f"{k} {v:.0f}" for k, v in list(report["everything_else"].items())[:6]) + "); outside the run "
+        + ", ".join(f"{k} {v:.0f}" for k, v in list(report.get("outside_the_run", {}).items())[:4]))
+    if busy:
+        outside = sum(report.get("outside_the_run", {}).values())
+        print(f"{name}: the processes seen add up to {report['accounted_core_s']:.0f} core-s, {outside:.0f} of them "
+              f"outside the run; /proc/stat counted {busy:.0f} busy core-seconds: all processes "
+              f"{report['accounted_core_s'] / busy:.1%} of it, the run's alone "
+              f"{(report['accounted_core_s'] - outside) / busy:.1%}")
+    print(f"{name}: per submission on average {total / max(1, len(subs)):.0f} core-s")

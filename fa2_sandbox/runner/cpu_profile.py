@@ -1,0 +1,97 @@
+"""Where a runner's CPU goes: the runner's part of bench/grade_speed.py's account of a class.
+
+Only when the harness asks (GRADER_CPU_LOG set in the grader, fa2_sandbox/harness/client.py), a
+thread of the runner wakes every PERIOD seconds, reads the process's CPU time (every thread's)
+and charges what was used since its last look to what the runner was doing then, as its threads'
+Python stacks show it. Each thread's stack names one activity; the busiest-looking one wins, in
+the order of ACTIVITIES. A sample costs tens of microseconds, a fraction of a percent of a core.
+
+The runner sends the totals with every reply; the bench scales them to the CPU that /proc counts
+for the process, so a charge that lands on the wrong activity moves seconds between columns, never
+the total.
+"""
+import sys
+import threading
+import time
+
+PERIOD = 0.02
+
+STARTING = "start and imports"  # everything before the runner's hello, then any import
+COMPILING = "compiling"         # Triton, torch.compile and their autotuners
+WATCHING = "op watch"           # the grader's own torch modes (instruments.Watch)
+STUDENT = "student calls"       # a frame of the submission on the stack
+WAITING = "waiting for the GPU"  # in torch.cuda.synchronize (a busy wait on some drivers)
+OWN = "runner's own"            # making inputs, copying and saving tensors, messages
+ACTIVITIES = (STARTING, COMPILING, WATCHING, STUDENT, WAITING, OWN)
+
+# Files (and, where a file also runs compiled code, its functions) that compile or autotune.
+COMPILE_FILES = ("/triton/compiler/", "/triton/backends/", "/triton/testing.py", "/torch/_dynamo/convert_frame.py",
+                 "/torch/_inductor/compile_fx.py", "/torch/_inductor/codecache.py", "/torch/_inductor/async_compile.py",
+                 "/torch/_inductor/cpp_builder.py", "/torch/_inductor/codegen/", "/torch/_inductor/scheduler.py",
+                 "/torch/_inductor/graph.py", "/torch/_functorch/aot_autograd.py")
+COMPILE_FUNCTIONS = {"benchmark_all_configs", "precompile", "_precompile_config", "autotune_to_one_config",
+                     "_bench", "prune_configs"}
+
+
+class Profile:
+    def __init__(self, submission_root: str):
+        self.root = submission_root.rstrip("/") + "/"
+        self.seconds = dict.fromkeys(ACTIVITIES, 0.0)
+        self.started = False  # the hello is sent: STARTING from then on means an import
+        self._last = 0.0  # the first charge takes the CPU since the process began: its start
+        self._lock = threading.Lock()
+        self._thread = threading.Thread(target=self._run, name="cpu-profile", daemon=True)
+
+    def start(self) -> "Profile":
+        self._thread.start()
+        return self
+
+    def ready(self) -> None:
+        self._charge()
+        self.started = True
+
+    def totals(self) -> dict:
+        """Core-seconds by activity so far, and the process's CPU time they add up to."""
+        self._charge()
+        with self._lock:
+            return {**{k: round(v, 3) for k, v in self.seconds.items()}, "process": round(self._last, 3)}
+
+    def _run(self) -> None:
+        while True:
+            time.sleep(PERIOD)
+            self._charge()
+
+    def _charge(self) -> None:
+        activity = self._activity()
+        with self._lock:
+            now = time.process_time()
+            self.seconds[activity] += max(0.0, now - self._last)
+            self._last = now
+
+    def _activity(self) -> str:
+        if not self.started:
+            return STARTING
+        me = threading.get_ident()
+        found = [self._of(frame) for ident, frame in sys._current_frames().items() if ident != me]
+        return min(found, key=ACTIVITIES.index, default=OWN)
+
+    def _of(self, frame) -> str:
+        """The activity one thread's stack shows (its innermost frame first)."""
+        innermost, student = frame, False
+        while frame is not None:
+            code = frame.f_code
+            name = code.co_filename
+            if name.startswith("<frozen importlib"):
+                return STARTING
+            if any(part in name for part in COMPILE_FILES) or code.co_name in COMPILE_FUNCTIONS:
+                return COMPILING
+            student = student or name.startswith(self.root)
+            frame = frame.f_back
+        inner = innermost.f_code
+        if inner.co_filename.endswith("fa2_sandbox/runner/instruments.py") and inner.co_name.startswith("__torch_"):
+            return WATCHING
+        if student:
+            return STUDENT
+        if inner.co_name == "synchronize" and "/torch/cuda/" in inner.co_filename:
+            return WAITING
+        return OWN
