@@ -27,6 +27,15 @@ a run whose CPUs are busy throughout is CPU-bound, and more GPUs will not speed 
 prints one row per run, the runner starts, the worker that finished
 last (with bench/timeline.py's record of which test ran where and when) and the slowest check
 kinds. `startup` times the process starts every track pays, alone on the machine.
+
+`corpus` grades the public course repos built into corpus/ (../shared/corpus: fetch each, then its
+build.sh), the class that is the yardstick for speed, with `--repos` for a part of it and `--also`
+for bundled examples beside it. Every run ends with its CPU account (bench/cpu_account.py): each
+submission's core-seconds split by phase (the runner's start and imports, compiling, the
+student's calls, the grader's op watch, waiting for the GPU, the runner's own work, what a call cut
+off by a timeout used, the distributed ranks, the runners' other children, the grader worker's
+oracles and judging), its wall span and its longest check, then what no submission owns, and the
+sum held against the busy core-seconds /proc/stat counted.
 """
 import argparse
 import json
