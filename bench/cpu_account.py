@@ -108,12 +108,14 @@ class ProcessLedger:
 
     @staticmethod
     def _ancestry(p: dict, by_pid: dict) -> dict:
-        """The nearest runner and the nearest grader worker at or above this process."""
-        found, seen, node = {}, set(), p
+        """The runners at or above this process (nearest first: in sandbox mode "userns" the pid the
+        harness knows, and whose profile is logged, is the launcher's, two above the runner), and
+        the nearest grader worker."""
+        found, seen, node = {"runners": []}, set(), p
         while node is not None and node["pid"] not in seen:
             seen.add(node["pid"])
-            if node["role"] == RUNNER and "runner" not in found:
-                found["runner"] = node["pid"]
+            if node["role"] == RUNNER:
+                found["runners"].append(node["pid"])
             if node["role"] == WORKER and "worker" not in found:
                 found["worker"] = node["pid"]
             if node["role"] in (WORKER, RUNNER, CONTROLLER):
@@ -171,9 +173,10 @@ def account(ledger: ProcessLedger, cpu_log: Path, timeline: Path, busy_core_s: f
         total = p["cpu"] + p["short_lived"]
         if not total:
             continue
-        runner = p.get("ancestry", {}).get("runner")
-        owner = profiles.get(runner, (None,))[0] if runner is not None else None
-        if owner is not None and runner == p["pid"]:
+        runners = p.get("ancestry", {}).get("runners", [])
+        runner = next((pid for pid in runners if pid in profiles), None)  # the one whose profile is logged
+        owner = profiles[runner][0] if runner is not None else None
+        if owner is not None and p["role"] == RUNNER:  # the runner itself (or its launcher and init)
             split_runner(rows[owner], p["cpu"], profiles[runner][1])
             rows[owner][cpu_profile.COMPILING] += p["short_lived"]  # ptxas, gcc: reaped by the runner
         elif owner is not None:
@@ -182,7 +185,7 @@ def account(ledger: ProcessLedger, cpu_log: Path, timeline: Path, busy_core_s: f
         elif p["role"] == FORK_SERVER:  # its imports, once per worker: the run's, not one submission's
             elsewhere[FORK_SERVER] += total
         elif (worker := worker_names.get(p.get("ancestry", {}).get("worker"))) in schedule:
-            column = UNPROFILED if runner is not None else "grader worker"
+            column = UNPROFILED if runners else "grader worker"
             for wall, delta in p["deltas"]:
                 name = submission_at(schedule[worker], wall)
                 if name is not None:

@@ -170,3 +170,18 @@ def test_a_runner_and_its_rank_exiting_together_count_once(tmp_path):
     report = account_of(tmp_path, samples, [profile(**{"student calls": 1.0, "process": 1.0})],
                         [span("gw0", "alice", 100.0, 105.0)])
     assert report["accounted_core_s"] == 3.0  # got 5.0: the rank's 2.0 again, as the worker's
+
+
+def test_a_runner_under_its_launcher_is_split_by_the_launchers_profile(tmp_path):
+    """Sandbox mode "userns": the pid the harness knows and logs (11) is the launcher's; it forks
+    the PID namespace's init (12), which forks the runner (13), all three of the runner's role.
+    The runner's 6.0 s are split by the profile logged under the launcher's pid, none of it
+    "unprofiled"; the launcher's and the init's own 0.2 s count too, and nothing twice."""
+    samples = [(99.0, family()),
+               (101.0, {**family(), 11: proc(10, 0.1, RUNNER), 12: proc(11, 0.1, RUNNER),
+                        13: proc(12, 6.0, RUNNER)})]
+    cpu = profile(**{"start and imports": 1.0, "student calls": 5.0, "process": 6.0})
+    alice = account_of(tmp_path, samples, [cpu], [span("gw0", "alice", 100.0, 102.0)])["submissions"]["alice"]
+    assert alice["runner, unprofiled"] == 0.0
+    assert alice["student calls"] == pytest.approx(5.0 + 0.2 * 5 / 6, abs=0.05)  # rows are rounded to 0.1
+    assert alice["total"] == pytest.approx(6.2)
