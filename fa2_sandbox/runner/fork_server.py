@@ -109,6 +109,8 @@ def become_runner(request: dict, fds: list, launcher) -> None:
         import site
         site.USER_BASE = site.USER_SITE = None
         site.getusersitepackages()  # from the runner's HOME, as its own start would have
+        if "numpy.random" in sys.modules:  # its global generator, seeded at its import (`random` reseeds itself)
+            sys.modules["numpy.random"].seed()
         sys.argv = ["fa2_sandbox.runner.serve", str(reads), str(writes)]
         spec = request.get("spec")
         if spec is not None:

@@ -220,6 +220,28 @@ def test_exit_statuses_read_as_popens(spied, tmp_path):
         exits.close()
 
 
+def test_forked_runners_draw_numpy_numbers_of_their_own(tmp_path, monkeypatch):
+    """numpy's global generator is seeded when numpy.random is imported: preloaded by a server,
+    two runners forked from it would draw the same numbers, where two exec'd runners draw their
+    own. (torch does not import numpy.random today; this server preloads it to make sure.)"""
+    monkeypatch.setattr(forked, "PRELOAD", (*forked.PRELOAD, "numpy.random"))
+    env = {**ENV, "TORCH_FORK_SERVER_TEST": "numpy"}  # a server of its own (servers are per environment)
+    folder = tmp_path / "draws"
+    (folder / "tests").mkdir(parents=True)
+    (folder / "tests" / "adapters.py").write_text(
+        "import numpy\nprint('DRAW', numpy.random.randint(1 << 62), flush=True)\n")
+    draws = []
+    for _ in range(2):
+        runner = SubmissionRunner(load_submission(folder), env=env, import_timeout=60)
+        try:
+            assert runner.start().get("import_error") is None, runner.log_tail()
+            assert isinstance(runner.process, forked.ForkedProcess)
+            draws += [line for line in runner.log_tail().splitlines() if line.startswith("DRAW")]
+        finally:
+            runner.close()
+    assert len(draws) == 2 and draws[0] != draws[1], draws
+
+
 def test_fork_server_off_gives_an_exec_d_runner_confined_the_same(spied, monkeypatch):
     """With GRADER_FORK_SERVER=off a new runner is a subprocess.Popen and still answers; what it
     sees of its confinement (limits, root, uid, oracle, environment, sys.path) is what the forked
