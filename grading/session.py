@@ -148,8 +148,8 @@ class Grading:
         group = (submission.name, track)
         if group not in self._runners:
             # A timing track's runner starts afresh, as the timing budgets were calibrated and
-            # measured: a class run's only Triton ratio that moved more than 6% in a forked runner
-            # (FSC2333, 6.8 to 8.6) is not explained yet (notes/grading-speed.md, 2026-12-01).
+            # measured: a Triton ratio that moved in a class whose runners were forked is not
+            # explained yet (notes/grading-speed.md, "where a class's CPU goes", Timing).
             self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
                                                     import_timeout=self.rubric.timeout("import"),
                                                     kept_kernels=self.kept_kernels(submission.root, track.name),
