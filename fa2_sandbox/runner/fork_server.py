@@ -1,9 +1,10 @@
 """The fork server: one process that has imported torch and Triton, and forks each runner from itself.
 
 A runner started afresh spends seconds of CPU before it reads its first request: a Python, then
-torch, Triton and torch.compile's modules imported (about 4 core-seconds a start, 13 where the
-submission compiles at import; a class of 22 started 208 runners, notes/grading-speed.md). Forked
-from a process that holds them already, it starts in a few milliseconds and shares their pages.
+torch, Triton and torch.compile's modules imported, in each of the hundreds of runners a class
+starts (the largest share of a class's CPU with compiling: notes/grading-speed.md, "where a class's
+CPU goes"). Forked from a process that holds them already, it starts in a few milliseconds and
+shares their pages.
 
     python -P fork_server.py CONTROL_FD LAUNCHER_PY MODULE...   (started by fa2_sandbox/harness/forked.py)
 
