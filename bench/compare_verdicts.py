@@ -1,16 +1,27 @@
 """Do two grading runs agree, check by check? For a speed change, which must not move a verdict.
 
     python bench/compare_verdicts.py REPORTS_A REPORTS_B
+    python bench/compare_verdicts.py --checks REPORTS_A REPORTS_B
 
 Reads every submission's results.json in both reports folders and prints each check whose status
 or score differs, then one line of totals. Run both with the same --seed (bench/grade_speed.py
 --seed): the inputs are drawn from it, and a buggy example's verdict on an edge case can depend
 on them. Timing checks (advice, measured on a shared GPU) are listed apart: their verdicts may
 move from run to run. Exits 1 if any other check differs.
+
+`--checks` reads the check files instead (DIR/<submission>/checks/*.json, written as each check
+ends), so that runs stopped at a limit compare too, on the checks both recorded, of the
+submissions B graded. It counts requirement and advice checks apart, and an advice check that one
+run's --time-limit cut (grading/time_limit.py) apart from one that answered differently; it lists
+every requirement check that differs and every advice check that differs for another reason, and
+exits 1 if a requirement check differs.
 """
 import json
 import sys
+from collections import Counter
 from pathlib import Path
+
+CUT = "cut: this submission's time limit"
 
 
 def verdicts(reports: Path) -> dict:
@@ -27,8 +38,46 @@ def differences(a: dict, b: dict) -> dict:
     return {name: (a.get(name), b.get(name)) for name in sorted(set(a) | set(b)) if a.get(name) != b.get(name)}
 
 
+def check_records(reports: Path) -> dict:
+    """check name -> its record (grading/results/record.py), from the check files."""
+    found = {}
+    for path in reports.glob("*/checks/*.json"):
+        try:
+            record = json.loads(path.read_text())
+        except (OSError, ValueError):
+            continue
+        found[record["name"]] = record
+    return found
+
+
+def compare_checks(a: dict, b: dict) -> tuple[Counter, list]:
+    """(counts, lines): the checks of B's submissions that both runs recorded, compared by outcome."""
+    graded = {r["submission"] for r in b.values()}
+    both = sorted(name for name in set(a) & set(b) if a[name]["submission"] in graded)
+    counts, lines = Counter(), []
+    for name in both:
+        x, y = a[name], b[name]
+        kind = "advice" if x.get("advice") else "requirement"
+        counts[kind] += 1
+        if x["outcome"] == y["outcome"]:
+            continue
+        why = "cut by a time limit" if any((r.get("output") or "").startswith(CUT) for r in (x, y)) else "answered"
+        counts[f"{kind} differ ({why})"] += 1
+        if kind == "requirement" or why == "answered":
+            lines.append(f"{kind}: {name}: {x['outcome']} -> {y['outcome']}\n    A: {(x.get('output') or '')[:160]!r}"
+                         f"\n    B: {(y.get('output') or '')[:160]!r}")
+    return counts, lines
+
+
 def main() -> int:
-    a, b = verdicts(Path(sys.argv[1])), verdicts(Path(sys.argv[2]))
+    args = sys.argv[1:]
+    if args and args[0] == "--checks":
+        a, b = check_records(Path(args[1])), check_records(Path(args[2]))
+        counts, lines = compare_checks(a, b)
+        print("\n".join(lines))
+        print(f"{len(a)} and {len(b)} check files; " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
+        return 1 if any(k.startswith("requirement differ") for k in counts) else 0
+    a, b = verdicts(Path(args[0])), verdicts(Path(args[1]))
     moved = differences(a, b)
     timing = {name for name in moved if "::timing::" in name}
     for name, (before, after) in moved.items():

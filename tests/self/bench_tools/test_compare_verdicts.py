@@ -1,0 +1,44 @@
+"""bench/compare_verdicts.py --checks: two runs' check files compared, requirement and advice apart,
+an advice check a time limit cut apart from one that answered differently."""
+import json
+
+from bench.compare_verdicts import CUT, check_records, compare_checks, main
+
+
+def record(name, outcome, advice=False, output="", submission="alice"):
+    return {"name": f"{submission}::{name}", "submission": submission, "outcome": outcome, "advice": advice,
+            "output": output}
+
+
+def reports(folder, records):
+    for i, r in enumerate(records):
+        path = folder / r["submission"] / "checks" / f"{i}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(r))
+    return folder
+
+
+def test_only_what_both_recorded_of_bs_submissions_is_compared_and_cuts_count_apart(tmp_path):
+    a = check_records(reports(tmp_path / "a", [
+        record("forward[x]", "passed"), record("backward[x]", "passed"),
+        record("forward[odd]", "passed", advice=True), record("forward[odd2]", "failed", advice=True),
+        record("forward[x]", "failed", submission="bob")]))  # bob: not graded by B
+    b = check_records(reports(tmp_path / "b", [
+        record("forward[x]", "passed"), record("backward[x]", "failed", output="dq is wrong"),
+        record("forward[odd]", "timeout", advice=True, output=CUT + " of 300 s was spent"),
+        record("forward[odd2]", "passed", advice=True)]))
+    counts, lines = compare_checks(a, b)
+    assert counts == {"requirement": 2, "advice": 2, "requirement differ (answered)": 1,
+                      "advice differ (cut by a time limit)": 1, "advice differ (answered)": 1}
+    assert [line.split("\n")[0] for line in lines] == ["requirement: alice::backward[x]: passed -> failed",
+                                                        "advice: alice::forward[odd2]: failed -> passed"]
+
+
+def test_a_requirement_that_moved_fails_the_comparison(tmp_path, monkeypatch):
+    a = reports(tmp_path / "a", [record("forward[x]", "passed"), record("forward[odd]", "passed", advice=True)])
+    same = reports(tmp_path / "same", [record("forward[x]", "passed"), record("forward[odd]", "failed", advice=True)])
+    moved = reports(tmp_path / "moved", [record("forward[x]", "failed")])
+    monkeypatch.setattr("sys.argv", ["compare_verdicts.py", "--checks", str(a), str(same)])
+    assert main() == 0
+    monkeypatch.setattr("sys.argv", ["compare_verdicts.py", "--checks", str(a), str(moved)])
+    assert main() == 1
