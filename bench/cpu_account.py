@@ -253,3 +253,34 @@ def print_account(name: str, report: dict) -> None:
               f"{report['accounted_core_s'] / busy:.1%} of it, the run's alone "
               f"{(report['accounted_core_s'] - outside) / busy:.1%}")
     print(f"{name}: per submission on average {total / max(1, len(subs)):.0f} core-s")
+
+
+def compare_accounts(runs: list) -> list:
+    """[(submission, [core-seconds in each run], change of the last against the first)] for the
+    submissions every run finished (a submission cut off by a run's limit would count part of its
+    work), ordered by the first run's total; change is None where the first is 0."""
+    finished = set.intersection(*(set(r.get("finished_s") or {}) for r in runs)) if runs else set()
+    rows = []
+    for name in finished:
+        totals = [r["cpu_account"]["submissions"].get(name, {}).get("total", 0.0) for r in runs]
+        rows.append((name, totals, totals[-1] / totals[0] - 1 if totals[0] else None))
+    return sorted(rows, key=lambda row: -row[1][0])
+
+
+def print_comparison(runs: list) -> None:
+    """The account of every submission finished in all `runs` (speed.json's), side by side."""
+    rows = compare_accounts(runs)
+    if len(runs) < 2 or not rows:
+        return
+    labels = [f"{r['label']}" for r in runs]
+    print("\nCPU core-seconds of the submissions every run finished: " + " vs ".join(labels))
+    print("| submission | " + " | ".join(labels) + " | change, last vs first |")
+    print("|---" * (len(runs) + 2) + "|")
+    for name, totals, change in rows:
+        print(f"| {name.split('__')[0]} | " + " | ".join(f"{t:.0f}" for t in totals)
+              + (f" | {change:+.0%} |" if change is not None else " | - |"))
+    sums = [sum(row[1][i] for row in rows) for i in range(len(runs))]
+    changes = sorted(change for _, _, change in rows if change is not None)
+    median = changes[len(changes) // 2] if changes else None
+    change = f"{sums[-1] / sums[0] - 1:+.0%} (median {median:+.0%})" if sums[0] and median is not None else "-"
+    print(f"| all {len(rows)} | " + " | ".join(f"{t:.0f}" for t in sums) + f" | {change} |")

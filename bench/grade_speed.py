@@ -35,7 +35,8 @@ submission's core-seconds split by phase (the runner's start and imports, compil
 student's calls, the grader's op watch, waiting for the GPU, the runner's own work, what a call cut
 off by a timeout used, the distributed ranks, the runners' other children, the grader worker's
 oracles and judging), its wall span and its longest check, then what no submission owns, and the
-sum held against the busy core-seconds /proc/stat counted.
+sum held against the busy core-seconds /proc/stat counted. `table RUN_A RUN_B` also sets the
+accounts side by side, for the submissions both runs finished: a speed change's CPU, measured.
 """
 import argparse
 import json
@@ -51,7 +52,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.cpu_account import account, print_account  # noqa: E402
+from bench.cpu_account import account, print_account, print_comparison  # noqa: E402
 from bench.utilization import Utilization  # noqa: E402
 from fa2_sandbox.wire.outcomes import CRASH, GRADER_ERROR, IMPORT_ERROR  # noqa: E402
 
@@ -385,6 +386,7 @@ def print_table(runs: list) -> None:
     for r in results:
         if r.get("cpu_account"):
             print_account(f"{r['scenario']} ({r['label']})", r["cpu_account"])
+    print_comparison([r for r in results if r.get("cpu_account")])
     print_timing(results)
     for r in results:
         print(f"\n{r['scenario']} ({r['label']}): slowest check kinds, seconds ({r['clock']} clock), count")

@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from bench.cpu_account import RANKS, ProcessLedger, account
+from bench.cpu_account import RANKS, ProcessLedger, account, compare_accounts
 
 CONTROLLER, WORKER, RUNNER = "grader controller", "grader workers", "runner (student code)"
 COMPILERS = "compilers (ptxas, gcc, ld)"
@@ -185,3 +185,15 @@ def test_a_runner_under_its_launcher_is_split_by_the_launchers_profile(tmp_path)
     assert alice["runner, unprofiled"] == 0.0
     assert alice["student calls"] == pytest.approx(5.0 + 0.2 * 5 / 6, abs=0.05)  # rows are rounded to 0.1
     assert alice["total"] == pytest.approx(6.2)
+
+
+def test_runs_are_compared_on_the_submissions_every_run_finished():
+    """A submission one run did not finish (its limit cut it) is left out: its total there is part
+    of its work. The rest side by side, the largest first, with the last run's change."""
+    def run(finished, totals):
+        return {"finished_s": dict.fromkeys(finished, 1.0),
+                "cpu_account": {"submissions": {name: {"total": t} for name, t in totals.items()}}}
+    before = run(["alice", "bob", "carol"], {"alice": 100.0, "bob": 300.0, "carol": 50.0})
+    after = run(["alice", "bob"], {"alice": 40.0, "bob": 240.0, "carol": 10.0})
+    assert compare_accounts([before, after]) == [("bob", [300.0, 240.0], pytest.approx(-0.2)),
+                                                 ("alice", [100.0, 40.0], pytest.approx(-0.6))]
