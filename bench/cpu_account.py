@@ -1,11 +1,11 @@
 """Where a class run's CPU went, per submission and by phase: the account of issue 53.
 
-    ledger = ProcessLedger()           # bench/utilization.py feeds it a /proc snapshot every second
-    ...the run...
-    report = account(ledger, cpu_log, timeline, busy_core_s)
+    with Utilization() as use:         # bench/utilization.py: its ProcessLedger, fed every second
+        ...the run...
+    report = account(use.processes, cpu_log, timeline, busy_core_s)
 
 Three sources, each for what only it knows:
-- /proc, every second (ProcessLedger): each process's CPU (utime + stime), its parent and what it
+- /proc, every second (bench/utilization.py ProcessLedger): each process's CPU (utime + stime), its parent and what it
   is (bench/utilization.py ROLES). A child that lived and died between two samples (ptxas, gcc)
   shows as its parent's reaped time (cutime + cstime) less what was already seen of the children
   that went; that is charged to the parent as "short-lived children".
@@ -21,107 +21,26 @@ second of processes whose parent went with them) is "everything else", and the a
 held against the busy core-seconds /proc/stat counted over the run.
 """
 import json
-import os
 from collections import defaultdict
 from pathlib import Path
 
+from bench.utilization import (
+    COMPILE_WORKERS,
+    COMPILERS,
+    FORK_SERVER,
+    RANKS,
+    RUNNER,
+    ProcessLedger,  # noqa: F401 (what account() reads; tests build one from here)
+)
 from fa2_sandbox.runner import cpu_profile
 
-RUNNER, WORKER, CONTROLLER = "runner (student code)", "grader workers", "grader controller"
-COMPILE_ROLES = ("torch.compile workers", "compilers (ptxas, gcc, ld)")
-RANKS = "distributed ranks"
-FORK_SERVER = "fork servers"  # fa2_sandbox/runner/fork_server.py, bench/utilization.py FORKED
+COMPILE_ROLES = (COMPILE_WORKERS, COMPILERS)
 # The account's columns, in the order printed.
 UNPROFILED = "runner, unprofiled"  # a runner that never said hello (its import failed or hung)
 OTHER_CHILDREN = "runners' other children"
 COLUMNS = (cpu_profile.STARTING, cpu_profile.COMPILING, cpu_profile.STUDENT, cpu_profile.WATCHING,
            cpu_profile.WAITING, cpu_profile.OWN, "after the last reply", UNPROFILED, RANKS, OTHER_CHILDREN,
            "grader worker")
-
-
-def read_stat(pid: str):
-    """(ppid, own core-seconds, reaped children's core-seconds, start time in ticks, comm) or None."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            stat = f.read()
-    except OSError:
-        return None
-    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is the state
-    ticks = os.sysconf("SC_CLK_TCK")
-    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks,
-            int(fields[19]), stat[stat.index("(") + 1:stat.rindex(")")])
-
-
-class ProcessLedger:
-    """Every process's CPU between samples, kept by (pid, start time) so a reused pid is another."""
-
-    def __init__(self):
-        self.procs = {}  # key -> {"pid", "ppid", "role", "cpu", "last", "reaped", "worker", "runner", "deltas"}
-        self.first = True
-
-    def sample(self, wall: float, snapshot: dict) -> None:
-        """snapshot: {pid: (stat tuple, role)} of every process now."""
-        live = {}
-        for pid, (stat, role) in snapshot.items():
-            ppid, own, reaped, started, _ = stat
-            key = (pid, started)
-            p = self.procs.get(key)
-            if p is None:
-                p = self.procs[key] = {"pid": pid, "ppid": ppid, "role": role, "cpu": 0.0, "short_lived": 0.0,
-                                       "last": own if self.first else 0.0, "reaped": reaped if self.first else 0.0,
-                                       "deltas": [], "alive": True}
-            if not role.startswith("other (") or p["role"].startswith("other ("):
-                p["role"] = role  # kept once known: an exiting process's command line reads empty
-            delta = max(0.0, own - p["last"])
-            p["cpu"] += delta
-            p["last"] = own
-            if delta:
-                p["deltas"].append((wall, delta))
-            p["reaped_delta"] = max(0.0, reaped - p["reaped"])
-            p["reaped"] = reaped
-            live[key] = p
-        by_pid = {p["pid"]: p for p in live.values()}
-        gone = {p["pid"]: p for key, p in self.procs.items() if p["alive"] and key not in live}
-        for p in gone.values():
-            p["alive"] = False
-            # What was seen of it comes back as the reaped time of its nearest ancestor still here:
-            # its parent's, or, where the parent went in the same second, the grandparent's.
-            parent = by_pid.get(self._root_ppid(p, gone))
-            if parent is not None:
-                parent["reaped_delta"] = parent.get("reaped_delta", 0.0) - p["last"] - p["reaped"]
-        for p in live.values():
-            unseen = max(0.0, p.pop("reaped_delta", 0.0))
-            if unseen and not self.first:
-                p["short_lived"] += unseen
-                p["deltas"].append((wall, unseen))
-            if "ancestry" not in p:  # who it belongs to, found while its parents live
-                p["ancestry"] = self._ancestry(p, by_pid)
-        self.first = False
-
-    @staticmethod
-    def _root_ppid(p: dict, gone: dict) -> int:
-        """The parent pid of the topmost of `p`'s ancestors that went in the same second."""
-        node, hops = p, 0
-        while node["ppid"] in gone and hops < 64:
-            node, hops = gone[node["ppid"]], hops + 1
-        return node["ppid"]
-
-    @staticmethod
-    def _ancestry(p: dict, by_pid: dict) -> dict:
-        """The runners at or above this process (nearest first: in sandbox mode "userns" the pid the
-        harness knows, and whose profile is logged, is the launcher's, two above the runner), and
-        the nearest grader worker."""
-        found, seen, node = {"runners": []}, set(), p
-        while node is not None and node["pid"] not in seen:
-            seen.add(node["pid"])
-            if node["role"] == RUNNER:
-                found["runners"].append(node["pid"])
-            if node["role"] == WORKER and "worker" not in found:
-                found["worker"] = node["pid"]
-            if node["role"] in (WORKER, RUNNER, CONTROLLER):
-                found["run"] = True
-            node = by_pid.get(node["ppid"])
-        return found
 
 
 def runner_profiles(cpu_log: Path) -> tuple[dict, dict]:

@@ -15,15 +15,15 @@ speed it up much (notes/grading-speed.md, "The class is CPU-bound").
 
 "cpu_by_role": where the CPU went, in core-seconds, by what each process is (ROLES, from its
 command line; /proc/<pid>/stat's utime + stime, summed between samples, so a process's last
-second before it exits is lost).
+second before it exits is lost), and "other_commands" the command lines of those of no known role.
+Both come from `processes`, a ProcessLedger of every process seen (its parent, role, CPU and the
+children it reaped unseen), which bench/cpu_account.py turns into each submission's account.
 """
 import os
 import shutil
 import subprocess
 import threading
 import time
-
-from bench.cpu_account import ProcessLedger, read_stat
 
 
 def cpu_times():
@@ -51,25 +51,124 @@ def gpu_utilization():
 
 
 # What a process is, from its command line: the first role whose words it holds.
+RUNNER, COMPILE_WORKERS, RANKS = "runner (student code)", "torch.compile workers", "distributed ranks"
+WORKER, CONTROLLER, COMPILERS = "grader workers", "grader controller", "compilers (ptxas, gcc, ld)"
+FORK_SERVER = "fork servers"
 ROLES = (
-    ("runner (student code)", ("fa2_sandbox.runner.serve",)),
-    ("torch.compile workers", ("compile_worker",)),
-    ("distributed ranks", ("multiprocessing", "spawn_main", "torch.distributed")),
-    ("grader workers", ("execnet", "xdist", "import sys;exec(eval(")),
-    ("grader controller", ("pytest",)),
-    ("compilers (ptxas, gcc, ld)", ("ptxas", "cc1", "gcc", "/ld", "collect2", "cicc")),
+    (RUNNER, ("fa2_sandbox.runner.serve",)),
+    (COMPILE_WORKERS, ("compile_worker",)),
+    (RANKS, ("multiprocessing", "spawn_main", "torch.distributed")),
+    (WORKER, ("execnet", "xdist", "import sys;exec(eval(")),
+    (CONTROLLER, ("pytest",)),
+    (COMPILERS, ("ptxas", "cc1", "gcc", "/ld", "collect2", "cicc")),
     ("nvidia-smi", ("nvidia-smi",)),
 )
 
 
 # Processes of the fork server (fa2_sandbox/runner/fork_server.py) share its command line: they
 # are told apart by the name each gives itself.
-FORKED = {"fa2-runner": "runner (student code)", "fa2-forkserver": "fork servers"}
+FORKED = {"fa2-runner": RUNNER, "fa2-forkserver": FORK_SERVER}
+
+
+def read_stat(pid: str):
+    """(ppid, own core-seconds, reaped children's core-seconds, start time in ticks, comm) or None."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    fields = stat[stat.rindex(")") + 2:].split()  # after "pid (comm) "; fields[0] is the state
+    ticks = os.sysconf("SC_CLK_TCK")
+    return (int(fields[1]), (int(fields[11]) + int(fields[12])) / ticks, (int(fields[13]) + int(fields[14])) / ticks,
+            int(fields[19]), stat[stat.index("(") + 1:stat.rindex(")")])
+
+
+class ProcessLedger:
+    """Every process's CPU between samples, kept by (pid, start time) so a reused pid is another."""
+
+    def __init__(self):
+        self.procs = {}  # key -> {"pid", "ppid", "role", "cpu", "last", "reaped", "worker", "runner", "deltas"}
+        self.first = True
+
+    def sample(self, wall: float, snapshot: dict) -> None:
+        """snapshot: {pid: (stat tuple, role[, command line])} of every process now (process_cpu)."""
+        live = {}
+        for pid, (stat, role, *command) in snapshot.items():
+            ppid, own, reaped, started, _ = stat
+            key = (pid, started)
+            p = self.procs.get(key)
+            if p is None:
+                p = self.procs[key] = {"pid": pid, "ppid": ppid, "role": role, "cpu": 0.0, "short_lived": 0.0,
+                                       "last": own if self.first else 0.0, "reaped": reaped if self.first else 0.0,
+                                       "deltas": [], "alive": True}
+            if not role.startswith("other (") or p["role"].startswith("other ("):
+                p["role"] = role  # kept once known: an exiting process's command line reads empty
+                unknown = role.startswith("other (")
+                p["command"] = ((command[0] if command else "") or role) if unknown else None
+            delta = max(0.0, own - p["last"])
+            p["cpu"] += delta
+            p["last"] = own
+            if delta:
+                p["deltas"].append((wall, delta))
+            p["reaped_delta"] = max(0.0, reaped - p["reaped"])
+            p["reaped"] = reaped
+            live[key] = p
+        by_pid = {p["pid"]: p for p in live.values()}
+        gone = {p["pid"]: p for key, p in self.procs.items() if p["alive"] and key not in live}
+        for p in gone.values():
+            p["alive"] = False
+            # What was seen of it comes back as the reaped time of its nearest ancestor still here:
+            # its parent's, or, where the parent went in the same second, the grandparent's.
+            parent = by_pid.get(self._root_ppid(p, gone))
+            if parent is not None:
+                parent["reaped_delta"] = parent.get("reaped_delta", 0.0) - p["last"] - p["reaped"]
+        for p in live.values():
+            unseen = max(0.0, p.pop("reaped_delta", 0.0))
+            if unseen and not self.first:
+                p["short_lived"] += unseen
+                p["deltas"].append((wall, unseen))
+            if "ancestry" not in p:  # who it belongs to, found while its parents live
+                p["ancestry"] = self._ancestry(p, by_pid)
+        self.first = False
+
+    def by(self, key: str, at_least: float) -> dict:
+        """Core-seconds of the processes' own CPU by their "role" or their "command" (kept for the
+        processes of no known role), the most first, those under `at_least` left out."""
+        totals = {}
+        for p in self.procs.values():
+            if p.get(key):
+                totals[p[key]] = totals.get(p[key], 0.0) + p["cpu"]
+        return {k: round(v, 1) for k, v in sorted(totals.items(), key=lambda kv: -kv[1]) if v >= at_least}
+
+    @staticmethod
+    def _root_ppid(p: dict, gone: dict) -> int:
+        """The parent pid of the topmost of `p`'s ancestors that went in the same second."""
+        node, hops = p, 0
+        while node["ppid"] in gone and hops < 64:
+            node, hops = gone[node["ppid"]], hops + 1
+        return node["ppid"]
+
+    @staticmethod
+    def _ancestry(p: dict, by_pid: dict) -> dict:
+        """The runners at or above this process (nearest first: in sandbox mode "userns" the pid the
+        harness knows, and whose profile is logged, is the launcher's, two above the runner), and
+        the nearest grader worker."""
+        found, seen, node = {"runners": []}, set(), p
+        while node is not None and node["pid"] not in seen:
+            seen.add(node["pid"])
+            if node["role"] == RUNNER:
+                found["runners"].append(node["pid"])
+            if node["role"] == WORKER and "worker" not in found:
+                found["worker"] = node["pid"]
+            if node["role"] in (WORKER, RUNNER, CONTROLLER):
+                found["run"] = True
+            node = by_pid.get(node["ppid"])
+        return found
 
 
 def process_cpu():
-    """{pid: ((ppid, own core-seconds, reaped children's core-seconds, start ticks, comm), role)} of
-    every process now, or {} without /proc."""
+    """{pid: ((ppid, own core-seconds, reaped children's core-seconds, start ticks, comm), role,
+    command line)} of every process now, or {} without /proc."""
     found = {}
     try:
         pids = [name for name in os.listdir("/proc") if name.isdigit()]
@@ -86,13 +185,8 @@ def process_cpu():
             continue
         role = FORKED.get(stat[4]) or next((name for name, words in ROLES if any(w in command for w in words)),
                                            f"other ({stat[4]})")
-        found[int(pid)] = (stat, role)
-        if role.startswith("other ("):
-            COMMANDS[int(pid)] = command[:120]
+        found[int(pid)] = (stat, role, command[:120])
     return found
-
-
-COMMANDS = {}  # pid -> command line, of the processes of no known role (what "other" holds)
 
 
 CPU_IDLE = 0.10  # a sample period in which less than this share of the cores was busy
@@ -103,27 +197,13 @@ class Utilization:
     def __init__(self, period: float = 1.0):
         self.period = period
         self.samples = []  # (monotonic time, cpu_times(), gpu_utilization())
-        self.by_role = {}  # role -> core-seconds
-        self.by_command = {}  # command line -> core-seconds, of the processes of no known role
-        self._seen = {}  # pid -> (core-seconds at the last sample, role)
-        self.processes = ProcessLedger()  # every process's CPU, for bench/cpu_account.py's account
+        self.processes = ProcessLedger()  # every process's CPU: the roles below, and bench/cpu_account.py
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, daemon=True)
 
     def _sample(self):
         self.samples.append((time.monotonic(), cpu_times(), gpu_utilization()))
-        now = process_cpu()
-        for pid, (stat, role) in now.items():
-            seconds = stat[1]
-            before = self._seen.get(pid)
-            # a pid first seen counts from 0 unless it was there at the start (then from its first sample)
-            start = before[0] if before is not None else (seconds if len(self.samples) == 1 else 0.0)
-            self.by_role[role] = self.by_role.get(role, 0.0) + max(0.0, seconds - start)
-            if role.startswith("other (") and pid in COMMANDS:
-                command = COMMANDS[pid] or role
-                self.by_command[command] = self.by_command.get(command, 0.0) + max(0.0, seconds - start)
-        self._seen = {pid: (stat[1], role) for pid, (stat, role) in now.items()}
-        self.processes.sample(time.time(), now)
+        self.processes.sample(time.time(), process_cpu())
 
     def _run(self):
         while not self._stop.wait(self.period):
@@ -157,10 +237,8 @@ class Utilization:
                 "busy_core_s": round(busy_core_s, 1) if busy_core_s is not None else None,
                 "gpu_busy_s": [round(b, 1) for b in busy], "gpu_memory_max_gib": [round(m, 1) for m in memory],
                 "both_idle": self.both_idle(),
-                "cpu_by_role": {role: round(s, 1) for role, s in sorted(self.by_role.items(), key=lambda x: -x[1])
-                                if s >= 0.5},
-                "other_commands": {c: round(s, 1) for c, s in sorted(self.by_command.items(), key=lambda x: -x[1])[:10]
-                                   if s >= 1.0}}
+                "cpu_by_role": self.processes.by("role", at_least=0.5),
+                "other_commands": dict(list(self.processes.by("command", at_least=1.0).items())[:10])}
 
     def both_idle(self) -> list:
         """[start, seconds] of every stretch of at least IDLE_GAP_S, from the first sample, in
