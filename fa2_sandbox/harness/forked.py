@@ -23,6 +23,8 @@ import tempfile
 import threading
 from pathlib import Path
 
+from fa2_sandbox.harness.scratch import user_site_paths
+
 SERVER_PY = Path(__file__).resolve().parents[1] / "runner" / "fork_server.py"
 READY_TIMEOUT_S = 180.0  # the server's imports, on a machine whose cores are all busy
 # What the server imports before it forks. With a GPU, also torch.compile's front end, which
@@ -63,8 +65,8 @@ class ForkServer:
                "TRITON_CACHE_DIR": os.path.join(self.folder, "triton"),
                # torch's own CUDA check would initialise the driver, which a fork does not survive
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
-               # the runner's PYTHONPATH less its first entry, the runner's own trusted copy (scratch.py)
-               "PYTHONPATH": os.pathsep.join(p for p in env.get("PYTHONPATH", "").split(os.pathsep)[1:] if p)}
+               # a runner's PYTHONPATH without the runner's own trusted copy: the server imports none of it
+               "PYTHONPATH": os.pathsep.join(user_site_paths())}
         ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
         self.socket = ours
         self.process = subprocess.Popen(

@@ -71,6 +71,12 @@ def linked_reference(root: Path) -> Path | None:
     return None
 
 
+def user_site_paths() -> list:
+    """The grader's user site-packages (~/.local/...): a runner's PYTHONPATH holds them after its
+    trusted copy, where a pip --user install put torch or triton."""
+    return [p for p in sys.path if p.endswith("site-packages") and "/.local/" in p]
+
+
 class ScratchFolder:
     """One runner's scratch folder, made now (without the submission's copy) and kept until remove().
     `uid` is the runner's own uid, or None where it runs as the grader's user; `kept_kernels`,
@@ -173,8 +179,7 @@ class ScratchFolder:
     def runner_env(self, isolation: dict, overrides: dict) -> dict:
         """The runner's environment: what ENV_KEEP names, its own folders, then `overrides`."""
         env = {k: v for k, v in os.environ.items() if k.startswith(ENV_KEEP)}  # no tokens, no paths
-        site_paths = [p for p in sys.path if p.endswith("site-packages") and "/.local/" in p]
-        env.update({"PYTHONPATH": os.pathsep.join([str(self.trusted)] + site_paths), "PYTHONUNBUFFERED": "1",
+        env.update({"PYTHONPATH": os.pathsep.join([str(self.trusted)] + user_site_paths()), "PYTHONUNBUFFERED": "1",
                     "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(self.home), "TMPDIR": str(self.home / "tmp"),
                     "USER": "grader", "LOGNAME": "grader", "XDG_CACHE_HOME": str(self.home / ".cache"),
                     "TRITON_CACHE_DIR": str(self.triton_cache), "GRADER_RUNNER": "1",

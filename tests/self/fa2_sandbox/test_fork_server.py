@@ -308,9 +308,9 @@ def test_a_server_that_cannot_fork_safely_is_not_used(tmp_path, monkeypatch):
     assert code == 0, output  # it said why and stopped, forking nothing
 
     monkeypatch.setattr(forked, "PRELOAD", (UNSAFE, *forked.PRELOAD))  # first: torch is not imported at all
-    # the server's PYTHONPATH is the runner's less its first entry (the runner's trusted copy)
-    server = forked.ForkServer({**ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin"),
-                                "PYTHONPATH": os.pathsep.join(["/nonexistent/trusted", str(tmp_path)])})
+    # the server's PYTHONPATH is the grader's user site-packages (scratch.user_site_paths): here, the module's folder
+    monkeypatch.setattr(forked, "user_site_paths", lambda: [str(tmp_path)])
+    server = forked.ForkServer({**ENV, "PATH": os.environ.get("PATH", "/usr/bin:/bin")})
     try:
         assert server.broken and UNSAFE in server.broken, server.broken
         assert server.process.poll() is not None  # closed and gone
