@@ -81,6 +81,7 @@ class ControllerPlugin:
         self.identities = {}  # under xdist: a worker's node id -> CheckIdentity (WorkerPlugin.pytest_collection_finish)
         self.identities_folder = None  # where the workers write them
         self.summary = []
+        self.waiting_lines = []  # progress lines that wait for the row of test results being written to end
 
     # -- setup -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
@@ -300,15 +301,39 @@ class ControllerPlugin:
             reporter.write_line(line)
 
     def say(self, line: str) -> None:
-        """A progress line through pytest's terminal reporter, on a line of its own."""
+        """A progress line through pytest's terminal reporter, on a line of its own. One that comes
+        while pytest writes a row of test results (its dots) waits for the row to end, so that it
+        never splits the row (show_waiting_lines)."""
         reporter = self.config.pluginmanager.get_plugin("terminalreporter")
         if reporter is None:  # -p no:terminal
             print(line, flush=True)
             return
-        reporter.write_line("\n" + line)  # the dots of -q, xdist's among them, do not end their line
+        self.waiting_lines.append(line)
+        self.show_waiting_lines(reporter)
+
+    def show_waiting_lines(self, reporter, run_over: bool = False) -> None:
+        """Write the progress lines that wait, when no row of results is half written; at the run's
+        end (`run_over`), after ending the last row."""
+        if not self.waiting_lines or reporter is None:
+            return
+        writer = getattr(reporter, "_tw", None)  # pytest's TerminalWriter: how far the current line has got
+        if writer is not None and writer.width_of_current_line:
+            if not run_over:
+                return
+            reporter.ensure_newline()  # ends a row that starts with its file's name (pytest's default verbosity)
+            if writer.width_of_current_line:  # a row of -q's, which it leaves open
+                reporter.write("\n")
+        for line in self.waiting_lines:
+            reporter.write_line(line)
+        self.waiting_lines.clear()
+
+    @pytest.hookimpl(trylast=True)  # after the terminal reporter has ended the row, when it ends one
+    def pytest_runtest_logfinish(self, nodeid, location):
+        self.show_waiting_lines(self.config.pluginmanager.get_plugin("terminalreporter"))
 
     # -- the end ---------------------------------------------------------------------------
     def pytest_sessionfinish(self, session):
+        self.show_waiting_lines(self.config.pluginmanager.get_plugin("terminalreporter"), run_over=True)
         if self.probe:
             shutil.rmtree(Path(self.probe["path"]).parent, ignore_errors=True)
         if self.identities_folder is not None:

@@ -104,21 +104,14 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
                                          else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
     provisional = bool(not_here) and not info.get("ungradable")  # ungradable says all there is to say
     if provisional:
-        waiting = sum(r.max_score for r in not_here)
-        checks, part_points = Counter(r.part for r in not_here), Counter()
-        for r in not_here:
-            part_points[r.part] += r.max_score
-        by_part = "; ".join(f"{parts[key]['label']}: {checks[key]} check{'s' if checks[key] != 1 else ''}, "
-                            f"{points(part_points[key])} points" for key in parts if checks[key])
-        summary = (f"provisional: {len(not_here)} checks worth {points(waiting)} points need a GPU and were not "
-                   f"graded here ({by_part}); they count 0 until the submission is graded on a GPU. " + summary)
+        summary = provisional_line(not_here, parts) + " " + summary
     if incomplete:
         why = []
         if grader_failed := sum(1 for u in ungraded if u["name"]):
             why.append(f"{grader_failed} not graded because the grader itself failed")
         if never_run:
             why.append(f"{len(never_run)} never run")
-        summary = (f"incomplete: {graded} of {total} checks graded"
+        summary = (f"incomplete: {graded} of {counted(total, 'check')} graded"
                    + (f" ({', '.join(why)})" if why else "")
                    + "; the total is not final and will change when the rest are graded. " + summary)
     if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): grading/slurm.py
@@ -146,6 +139,27 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     store.write_json(folder / "results.json", results)
     store.write_json(folder / "gradescope.json", gradescope.grouped(results, rubric))
     return results
+
+
+def counted(count: int, noun: str) -> str:
+    """'1 check', '2 checks': a count with its noun in the number it takes."""
+    return f"{count} {noun}{'s' if count != 1 else ''}"
+
+
+def provisional_line(not_here: list, parts: dict) -> str:
+    """What results.json's output says first of a submission with checks that need a GPU: how many,
+    worth how many points, part by part."""
+    waiting = sum(r.max_score for r in not_here)
+    checks, part_points = Counter(r.part for r in not_here), Counter()
+    for r in not_here:
+        part_points[r.part] += r.max_score
+    by_part = "; ".join(f"{parts[key]['label']}: {counted(checks[key], 'check')}, {points(part_points[key])} points"
+                        for key in parts if checks[key])
+    need = "needs" if len(not_here) == 1 else "need"
+    them = "it counts" if len(not_here) == 1 else "they count"
+    return (f"provisional: {counted(len(not_here), 'check')} worth {points(waiting)} points {need} a GPU and "
+            f"{'was' if len(not_here) == 1 else 'were'} not graded here ({by_part}); {them} 0 until the "
+            f"submission is graded on a GPU.")
 
 
 def unrun_by_group(never_run: list, groups: dict, records: list) -> Counter:

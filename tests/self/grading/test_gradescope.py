@@ -324,3 +324,16 @@ def test_run_autograder_says_why_an_upload_with_no_adapters_file_is_not_graded(t
     assert out["tests"] == [] and out["output"].startswith(
         "The autograder could not grade this submission: the upload: the folder holds neither tests/adapters.py "
         "nor adapters.py; expected a submission folder (a course repo) with its adapters file there.")
+
+
+def test_the_provisional_line_counts_one_check_in_the_singular():
+    """One check that needs a GPU reads '1 check worth 1.5 points needs', not '1 checks ... need'."""
+    parts = {"timing": {"label": "Timing"}, "memory": {"label": "Memory"}}
+    one = [CheckRecord(submission="s", part="timing", check="flash_pytorch", max_score=1.5)]
+    assert scoring.provisional_line(one, parts) == (
+        "provisional: 1 check worth 1.5 points needs a GPU and was not graded here (Timing: 1 check, 1.5 points); "
+        "it counts 0 until the submission is graded on a GPU.")
+    two = one + [CheckRecord(submission="s", part="memory", check="forward", max_score=2)]
+    assert scoring.provisional_line(two, parts) == (
+        "provisional: 2 checks worth 3.5 points need a GPU and were not graded here (Timing: 1 check, 1.5 points; "
+        "Memory: 1 check, 2 points); they count 0 until the submission is graded on a GPU.")

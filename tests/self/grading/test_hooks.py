@@ -88,6 +88,11 @@ def test_a_glob_grades_the_submissions_it_matches_and_names_the_folders_it_skipp
     total = f"{results['score']:.2f}".rstrip("0").rstrip(".") + " / " + f"{results['max_score']:g}"
     result.stdout.fnmatch_lines(["*grading 1 submission with seed*",  # the points as the pages show them
                                  f"*[[]1 of 1 submission done[]] reference: {total} *", f"reference * {total} *"])
+    # the progress line has a line of its own, after the row of results it came in, not inside it
+    lines = result.stdout.lines
+    done = next(i for i, line in enumerate(lines) if "submission done]" in line)
+    assert lines[done].startswith("[1 of 1 submission done]") and lines[done - 1].rstrip().endswith("[100%]"), \
+        "\n".join(lines[done - 2:done + 2])
     extra = results["extra_data"]
     assert 0 < extra["wall_seconds"] == results["execution_time"] and extra["check_seconds"] > 0
     page = (reports / "reference" / "index.html").read_text()
