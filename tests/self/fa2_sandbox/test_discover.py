@@ -2,6 +2,9 @@
 named outright must be a folder holding its adapters file, a glob must match at least one, and
 the folders a glob matches that hold none are left out and named. Anything else stops the run
 with one sentence per path (grading/session.py turns it into pytest's usage error, exit status 4)."""
+import re
+from pathlib import Path
+
 import pytest
 
 from fa2_sandbox.harness.discover import NotASubmission, find_submissions
@@ -59,3 +62,15 @@ def test_a_glob_that_matches_only_folders_without_adapters_stops_the_run(tmp_pat
     assert refused([f"{tmp_path}/class/*"]) == [
         f"--impl '{tmp_path}/class/*' matches 1 folder (handouts) and none holds tests/adapters.py or adapters.py; "
         f"expected a glob of submission folders (course repos), each holding tests/adapters.py or adapters.py."]
+
+
+def test_the_readmes_example_of_a_file_is_a_file_from_a_checkout(monkeypatch):
+    """The README's table of mistakes names a file to give --impl; run from a checkout, that path must
+    be a file, so that the run answers with the sentence the table quotes, not "no such file"."""
+    root = Path(__file__).resolve().parents[3]
+    row = next(line for line in (root / "README.md").read_text().splitlines()
+               if line.startswith("| `--impl` names a file"))
+    example = re.search(r"\(`([^`]+)` itself, say\)", row).group(1)
+    monkeypatch.chdir(root)
+    lines = refused([example])
+    assert len(lines) == 1 and lines[0].startswith(f"--impl {example} is a file; expected"), lines
