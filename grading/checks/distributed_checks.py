@@ -41,12 +41,24 @@ def settle_scenario(c, reply, scenario, labels=None):
 COMMUNICATION_FAILURES = ("gloo", "timeout", "timed out", "closed by peer", "pair closure", "connection reset")
 
 
+def where_raised(status: dict, labels: dict | None) -> str:
+    """Where in the scenario a rank raised, counting training steps from 1: "in the optimizer's step,
+    during training step 4". add_param_group is called between two steps (`step` counts the steps
+    done before it): "in add_param_group, called after training step 3"."""
+    label = (labels or {}).get(status.get("phase"), status.get("phase"))
+    step = status.get("step", -1)
+    if step is None or step < 0:
+        return f"in {label}"
+    if status.get("phase") == "add_param_group":
+        return f"in {label}, called " + (f"after training step {step}" if step else "before the first training step")
+    return f"in {label}, during training step {step + 1}"
+
+
 def rank_error(ranks, labels):
     """(sentence, traceback) for the first rank that raised. A rank left waiting for a peer that
     raised fails later inside gloo (timeout, connection closed): show the cause, not that."""
     def where(s):
-        step = f", step {s['step'] + 1}" if s.get("step", -1) >= 0 else ""
-        return f"in {(labels or {}).get(s.get('phase'), s.get('phase'))}{step}"
+        return where_raised(s, labels)
 
     def short(message):
         message = re.sub(r"\[[^\]]*\.(cc|cpp|h):\d+\]\s*", "", message)  # gloo's source location

@@ -19,12 +19,14 @@ import torch.nn.functional as F
 from fa2_sandbox.runner.distributed_ops import on_device_of, read_buffers, state_held
 from fa2_sandbox.runner.ranks import run_on_ranks
 from fa2_sandbox.wire.toy_models import BufferedModel, ToyModel, ToyModelWithTiedWeights, UnevenModel
+from grading.checks import test_distributed as sharded_checks
 from grading.checks.distributed_checks import (
     greedy_buckets,
     judge_bucketing,
     judge_buffers,
     judge_state_balanced,
     judge_state_sharded,
+    rank_error,
     state_unmeasured,
 )
 from reference import ddp
@@ -492,3 +494,19 @@ def test_data_go_to_the_device_of_the_parameters():
     moved = torch.nn.Linear(3, 3).to("meta")
     assert all(t.device.type == "meta" for t in on_device_of(list(moved.parameters()), x, y))
     assert on_device_of([], x, y) == (x, y)
+
+
+def test_a_rank_error_counts_training_steps_from_one():
+    """The add-group scenario adds its group after 3 steps, so a rank that raises in add_param_group
+    says so ("called after training step 3"), and one that raises in a step names it counted from 1."""
+    add_after = sharded_checks.SHARDED_SCENARIOS["adamw-add-group"]["add_after"]
+    labels = sharded_checks.SHARDED_LABELS
+    ranks = [{"status": "error", "message": "KeyError: 'params'", "phase": "add_param_group", "step": add_after},
+             {"status": "ok"}]
+    assert rank_error(ranks, labels)[0] == (
+        f"rank 0 raised KeyError: 'params' (in add_param_group, called after training step {add_after}).")
+    ranks[0].update(phase="step", step=add_after)
+    assert rank_error(ranks, labels)[0] == (
+        f"rank 0 raised KeyError: 'params' (in the optimizer's step, during training step {add_after + 1}).")
+    ranks[0].update(phase="construct", step=-1)
+    assert rank_error(ranks, labels)[0] == "rank 0 raised KeyError: 'params' (in get_sharded_optimizer)."
