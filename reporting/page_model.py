@@ -167,6 +167,15 @@ class SubmissionReport:
     def part(self, key):
         return next((p for p in self.parts if p.key == key), None)
 
+    def shown_cause(self, check):
+        """The failed check of this page that `check`'s failure comes from (its see_also: the forward
+        check of a case whose call got no answer, say), or None where that check is not on the page
+        or did not fail: the page links only to what it shows."""
+        if not check.see_also:
+            return None
+        return next((c for c in self.checks if c.local_name == check.see_also and c is not check
+                     and c.state == outcomes.STATE_FAILED), None)
+
     def by_state(self, checks=None):
         """The checks (all, or `checks`) by page state: .failed, .passed, .skipped, .ungraded,
         .not_here (outcomes.STATES), so a template names a section rather than spell a word."""

@@ -128,7 +128,7 @@ class Status:
     word: str
     made_by: str  # RUNNER, HARNESS or RANK
     fails_as: str | None  # the OUTCOMES word of a check this status fails; None: answered, the check goes on
-    # The case's call got no answer: the check that made the call charges the failure, and every
+    # The case's call got no answer: the check that made the call fails for it, and every
     # other check that needs the answer says so (grading/checks/flash_checks.py got_no_answer).
     # False where the status is every check's own finding: the template's stub, the adapters' import.
     unanswered: bool = False

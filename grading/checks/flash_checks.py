@@ -244,25 +244,28 @@ def what_failed(reply) -> str:
 
 # -- a check whose case never got an answer -------------------------------------------------------
 #
-# The forward check of a case charges its call's failure (it raised, crashed or timed out). Every
+# The forward check of a case fails for its call's failure (it raised, crashed or timed out). Every
 # other check that reads the case's answer (the backward, hygiene, the memory and replay checks)
 # fails too, as the official tests fail the backward when the forward raises, and no such check
 # ever shares its points out (README.md, next to "could not be measured"); but its sentence says
-# that it got no answer and names the check that charges the failure, rather than repeat the error
-# as if it were its own.
+# in plain words that its case got no answer and what happened to the call, rather than repeat the
+# error as if it were its own. It names no other check: the check that made the call may not be on
+# the student's page (advice cut by a time limit, a check never run, one hidden until the due date),
+# so the record keeps its name (see_also) and the page links to it only where it is there.
 def got_no_answer(reply) -> bool:
     """Whether a case's call raised, crashed or timed out (the adapters' import failing, or the
     template's stub, is every check's own finding)."""
     return reply.unanswered
 
 
-def fail_unanswered(check, reply, charged_by: str, verb: str = "judge"):
-    """Fail `check` for an answer its case never got, naming `charged_by`, the check that charges
-    the failure, and why."""
-    check.update(seconds=reply.seconds)
-    check.fail(f"no answer to {verb}: {what_failed(reply)} ({charged_by} charges that failure); this check needs "
-               f"the case's answer, so it fails with it.",
-               traceback_of(reply), outcome=reply.outcome if not reply.ok else outcomes.ERROR)
+def fail_unanswered(check, reply, cause: str, verb: str = "judge"):
+    """Fail `check` for an answer its case never got, saying what happened to the case's call.
+    `cause`: the check that made the call ("flash_pytorch::forward[<case>]"), for the page's link."""
+    check.update(seconds=reply.seconds, see_also=cause)
+    trace = traceback_of(reply)
+    check.fail(f"no answer to {verb}: {what_failed(reply)}. This check needs the case's answer, so it fails with "
+               f"it" + ("; the traceback is below." if trace else "."),
+               trace, outcome=reply.outcome if not reply.ok else outcomes.ERROR)
 
 
 def traceback_of(reply) -> str:

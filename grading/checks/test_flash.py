@@ -119,6 +119,7 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
         if problems := [p for n in names if (p := course_close(n, tensors[n], oracle[n]))]:
             sentence, heatmap = (problems[0], None) if all(v.ok for v in verdicts.values()) else \
                 diagnose.explain(verdicts, tensors, oracle, case, partial(mistaken, case, session.seed, device))
+            point_at_the_forward(check, case, sentence)
             check.fail(f"{sentence} (the official tests' tolerance is atol=rtol=1e-2)", "\n".join(problems),
                        heatmap=heatmap)
         check.ok(f"within the official tests' tolerance (atol=rtol=1e-2): {errors}")
@@ -127,6 +128,7 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
     if bad:
         sentence, heatmap = diagnose.explain(verdicts, tensors, oracle, case,
                                              partial(mistaken, case, session.seed, device))
+        point_at_the_forward(check, case, sentence)
         check.fail(sentence, "\n".join(v.reason for v in bad), heatmap=heatmap)
     note = ("; ".join(f"{n}: max error {v.max_err:.2e} (bound {v.max_bound:.2e})" for n, v in verdicts.items()))
     if off_dtype:
@@ -135,6 +137,12 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
         note = ("computes its fp32 matmuls in TF32 (tl.dot's default on tensor cores), so it is judged against "
                 "plain attention with TF32 matmuls, and no points are lost: " + note)
     check.ok(note)
+
+
+def point_at_the_forward(check, case, sentence):
+    """A backward wrong because its forward is: the page links it to the forward check of its case."""
+    if check.record.check == "backward" and diagnose.blames_the_forward(sentence):
+        check.update(see_also=f"{check.record.part}::forward[{case.id}]")
 
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
@@ -265,14 +273,14 @@ def test_replay(session, submission, check, slot, tier, case):
     (Rubric.weights). Where the class's own call went wrong (the first input raised, crashed or
     timed out, the second got no answer, or no answer varies with its input) it fails: a failure
     never moves points to checks that passed, so a class that raises on every case never scores
-    more than one that answers wrongly. The first input's failure is charged by the case's forward
-    check, which the sentence names. On a machine without a GPU, a Triton class that does not run
+    more than one that answers wrongly. The case's forward check fails for the first input's failure
+    too, and the page links to it. On a machine without a GPU, a Triton class that does not run
     there (flash_checks.needs_gpu) is not graded here, like the slot's other checks."""
     c = check(f"flash_{slot}", "replay", case, "replay")
     first = f"flash_{slot}::forward[{case.id}]"
     if FLASH_SLOTS[slot] in session.stubs[submission.name]:
         c.not_measured(f"{FLASH_SLOTS[slot]} raises NotImplementedError (not attempted), so there is no answer to "
-                       f"replay; {first} and the slot's other checks charge it.")
+                       f"replay; the slot's other checks fail for it as not attempted.")
     not_here_if_needs_gpu(c, session, submission, slot)
     reply, tensors = run_case(session, submission, slot, case)
     if got_no_answer(reply):

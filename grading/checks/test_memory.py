@@ -6,7 +6,7 @@ a length where one N x N matrix would dwarf everything else.
 
 The Triton case is bf16. A class that raises in bf16 (a kernel that fails to compile for bf16
 inputs, say) is measured on the same case in float32 instead: whether an N x N matrix is formed
-is a matter of shape, not dtype, and the bf16 error is charged by the bf16 checks already, not a
+is a matter of shape, not dtype, and the bf16 checks fail for the bf16 error already, not a
 second time here. Only a class that runs in neither dtype fails here for raising, and its
 diagnosis quotes what went wrong in each dtype: the float32 failure may be a bug of its own.
 """
@@ -74,11 +74,11 @@ def test_no_score_matrix(session, submission, check, slot, phase):
             c.fail(f"the {phase} must run in {case.dtype}, or else in float32, for its memory to be measured, and it "
                    f"ran in neither: {found}; {fix} and the memory is measured (the flash_triton checks of each "
                    f"dtype show the error).", "\n".join(traces), outcome=outcomes.ERROR)
-        note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the {case.dtype} "
-                f"checks of the slot charge already.")
+        note = (f" Measured in float32: in {case.dtype} {what_failed(reply)}, which the slot's {case.dtype} "
+                f"checks fail for already.")
         case, reply = twin, fp32_reply
     graded_case = case in [flash_case for _, flash_case in flash_cases(slot, session.on_gpu)]
-    if graded_case and got_no_answer(reply):  # the slot's forward check of this case charges it
+    if graded_case and got_no_answer(reply):  # the slot's forward check of this case fails for it too
         fail_unanswered(c, reply, f"flash_{slot}::forward[{case.id}]", "measure")
     c.settle_reply(reply)
     if phase == "backward" and (error := reply.result.get("backward_error")):

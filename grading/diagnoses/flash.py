@@ -5,9 +5,13 @@ Each rule compares the student's tensor with the oracle, or with the oracle of a
 is clear. Otherwise the sentence says where the error concentrates.
 """
 import math
+import re
 
 import torch
 
+# What a backward's sentence says when its tensors are a right backward's on the forward's wrong
+# answer: the check then points at the forward check of its case (grading/checks/test_flash.py).
+WRONG_FORWARD = "a right backward run on a wrong forward"
 TILE = 16  # rows per heatmap cell: fine enough to show a missing tail tile of any common size
 # A known mistake is named only when the student's tensor is this many times nearer its answer
 # than the true one (largest distances), so never for an error of rounding size. Where the
@@ -93,7 +97,33 @@ def explain(verdicts: dict, tensors: dict, oracle: dict, case, mistaken) -> tupl
         return verdict.reason, None
     err = (got - want).abs()
     picture = heatmap(name, err)
-    return _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken), picture
+    sentence = _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken)
+    return _with_the_others(sentence, name, verdicts), picture
+
+
+def blames_the_forward(sentence: str) -> bool:
+    """Whether a backward's sentence says its tensors come from a wrong forward."""
+    return WRONG_FORWARD in sentence
+
+
+def _and(words: list) -> str:
+    return words[0] if len(words) == 1 else ", ".join(words[:-1]) + " and " + words[-1]
+
+
+def _named(tensor: str, sentence: str) -> bool:
+    """Whether the sentence names `tensor` ("dq", or "dQ" as the swap's sentence writes it)."""
+    spellings = {tensor, tensor[0] + tensor[1:].upper()}
+    return any(re.search(rf"\b{re.escape(s)}\b", sentence) for s in spellings)
+
+
+def _with_the_others(sentence: str, name: str, verdicts: dict) -> str:
+    """The sentence about the first wrong tensor, and the other wrong tensors it does not name: a
+    backward whose dq, dk and dv are all wrong says so, not dq alone."""
+    others = [n for n, v in verdicts.items() if not v.ok and n != name and not _named(n, sentence)]
+    if not others:
+        return sentence
+    return (f"{sentence} {_and(others)} {'is' if len(others) == 1 else 'are'} wrong too "
+            f"(each tensor's error is below).")
 
 
 def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken) -> str:
@@ -110,12 +140,15 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                     f"hides the diagonal (j >= i instead of j > i).")
         return f"{name} contains NaN or Inf: look for exp of an unmasked -inf row or a division by a zero row sum."
 
-    def rows_from(t, row):  # rows are the last axis of L, the second to last of the others
-        return t[..., row:] if name == "L" else t[..., row:, :]
+    def rows_from(t, row, tensor=name):  # rows are the last axis of L, the second to last of the others
+        return t[..., row:] if tensor == "L" else t[..., row:, :]
 
-    def matches(mistake, from_row=0):
-        got_rows, mistake_rows = rows_from(got, from_row), rows_from(mistaken(mistake)[name], from_row)
-        return _close(got_rows, mistake_rows) and _nearer(got_rows, mistake_rows, rows_from(want, from_row))
+    def matches(mistake, from_row=0, tensor=name):
+        mine = got if tensor == name else tensors[tensor].double()
+        truth = want if tensor == name else oracle[tensor].cpu()
+        got_rows = rows_from(mine, from_row, tensor)
+        mistake_rows = rows_from(mistaken(mistake)[tensor], from_row, tensor)
+        return _close(got_rows, mistake_rows) and _nearer(got_rows, mistake_rows, rows_from(truth, from_row, tensor))
 
     if name == "L":
         ratio = (got / want).median().item()
@@ -172,9 +205,13 @@ def _sentence(name, verdict, verdicts, got, err, tensors, oracle, case, mistaken
                 f"1.4427, so it computes softmax(S ln 2) instead of softmax(S). Fold log2(e) into the softmax scale: "
                 f"log2(e) / sqrt(d).")
     if base2:
-        return (f"{name} matches a right backward run on a wrong forward: P = exp(S - L) is recomputed from the "
-                f"forward's L, and the forward's softmax uses exp2 on scores not multiplied by log2(e) = 1.4427, so "
-                f"it computes softmax(S ln 2). Fold log2(e) into the forward's softmax scale.")
+        alike = [n for n in ("dq", "dk", "dv") if n == name or (n in verdicts and not verdicts[n].ok
+                                                                 and n in tensors and matches("base2-unscaled", 0, n))]
+        return (f"{_and(alike)} {'matches' if len(alike) == 1 else 'match'} {WRONG_FORWARD}: P = exp(S - L) is "
+                f"recomputed from the forward's L, and the forward's softmax uses exp2 on scores not multiplied by "
+                f"log2(e) = 1.4427, so it computes softmax(S ln 2). Fold log2(e) into the forward's softmax scale: "
+                f"the forward check of this case names the same mistake in o and L, and the backward comes right "
+                f"with it.")
     if name in ("o", "L") and matches("unscaled"):
         return f"{name} matches attention without the 1/sqrt(d) scale: the scores are not scaled."
     if eighth:

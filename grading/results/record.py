@@ -32,7 +32,7 @@ ADVICE_PREFIX = "beyond the handout"
 VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
                 "oracle_at_worst", "actual_at_worst")
 # Evidence a check may carry, in the order results.json has always listed it.
-EVIDENCE = ("verdicts", "heatmap", "timing", "memory", "precision", "attempts", "retried_after")
+EVIDENCE = ("verdicts", "heatmap", "timing", "memory", "precision", "attempts", "retried_after", "see_also")
 # How an older results.json is read: the identity from the test's name.
 _NAME = re.compile(r"^(?:(?P<submission>[^:]*)::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
 
@@ -71,6 +71,9 @@ class CheckRecord:
     precision: str | None = None  # "tf32": an fp32 check that passed only under the TF32 rule
     attempts: list | None = None  # what each attempt raised, for a grader error
     retried_after: str | None = None  # the first attempt's grader error, when the retry settled it
+    # The check of the same submission whose failure is this one's cause (its local_name): the
+    # forward check of a case whose call got no answer, say. The page links to it where it is shown.
+    see_also: str | None = None
     nodeid: str | None = None  # the pytest test id, without xdist's "@group"
     recorded_at: float | None = None  # when the controller wrote the check file
     stand_in: bool = False  # made by the plugin for a test that failed before it made its check
@@ -82,7 +85,17 @@ class CheckRecord:
     # -- identity ----------------------------------------------------------------------------
     @property
     def name(self) -> str:
-        return f"{self.submission}::{self.part}::{self.check}" + (f"[{self.case}]" if self.case else "")
+        return f"{self.submission}::{self.local_name}"
+
+    @property
+    def local_name(self) -> str:
+        """Its name within its submission: "flash_pytorch::forward[fp32-128x128-d64-full]"."""
+        return f"{self.part}::{self.check}" + (f"[{self.case}]" if self.case else "")
+
+    @property
+    def anchor(self) -> str:
+        """The id of its entry on its submission's page, for a link from another check."""
+        return "check-" + re.sub(r"[^A-Za-z0-9_.-]+", "-", self.local_name).strip("-")
 
     # -- the check file, and the worker-to-controller message -------------------------------
     def to_json(self) -> dict:
@@ -136,7 +149,7 @@ class CheckRecord:
             extra["case_fields"] = self.case_fields
         extra.update({"tier": self.tier, "outcome": self.outcome, "diagnosis": self.diagnosis})
         for key in ("verdicts", "heatmap", "timing", "memory", "seconds", "precision", "attempts",
-                    "retried_after"):
+                    "retried_after", "see_also"):
             if getattr(self, key) is not None:
                 extra[key] = getattr(self, key)
         extra.update({"source": self.source, "advice": self.advice})
@@ -193,6 +206,7 @@ class CheckRecord:
             precision=precision or None,
             attempts=[as_text(a) for a in extra["attempts"]] if isinstance(extra.get("attempts"), list) else None,
             retried_after=as_text(extra.get("retried_after")) or None,
+            see_also=as_text(extra.get("see_also")) or None,
             score=as_number(test.get("score")), max_score=as_number(test.get("max_score")),
             visibility=as_text(test.get("visibility")) or default_visibility,
         )

@@ -265,8 +265,22 @@ def test_a_right_backward_after_an_exp2_forward_blames_the_forward(case):
     scale = 1 / math.sqrt(case.head_dim)
     wrong = {"dq": ds @ k * scale, "dk": ds.transpose(-1, -2) @ q * scale, "dv": p.transpose(-1, -2) @ do}
     sentence = sentence_for(case, wrong)[0]
-    assert sentence.startswith("dq matches a right backward run on a wrong forward") and \
-        "Fold log2(e) into the forward's softmax scale" in sentence, sentence
+    # all three named, and the forward's own check pointed at, whose sentence names the mistake
+    assert sentence.startswith("dq, dk and dv match a right backward run on a wrong forward") and \
+        "Fold log2(e) into the forward's softmax scale: the forward check of this case names the same mistake" \
+        in sentence and diagnose.blames_the_forward(sentence), sentence
+
+
+def test_a_backward_whose_three_gradients_are_wrong_names_all_three():
+    """dq, dk and dv each wrong in their own way: the sentence about dq names dk and dv too."""
+    q, k, v, do = make_inputs(FULL, seed=7)
+    right = attention_and_grads(q, k, v, do)
+    wrong = {"dq": right["dq"] * 1.3, "dk": right["dk"] + 0.5, "dv": right["dv"].flip(-2)}
+    sentence = sentence_for(FULL, wrong)[0]
+    assert sentence.startswith("dq is 1.3 times the oracle everywhere") and \
+        sentence.endswith(" dk and dv are wrong too (each tensor's error is below)."), sentence
+    only_dk = sentence_for(FULL, {"dk": right["dk"] * math.sqrt(32)})[0]
+    assert "wrong too" not in only_dk, only_dk
 
 
 @pytest.mark.parametrize("case", [FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=d, dtype=dtype)

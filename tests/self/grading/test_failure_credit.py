@@ -1,6 +1,7 @@
 """A failure never earns points: a class whose forward raises on every case scores no more than
 one whose forward answers wrongly on every case, and the checks that needed the answer it never
-got (the backward, memory and replay checks) say so, naming the check that charges the failure.
+got (the backward, memory and replay checks) say so in plain words, what happened to the case's call,
+naming no other check; the page links them to the check that made the call where it is on the page.
 
 Two submissions that differ only in their forward, graded in one run on the course case, the
 memory checks and the implementation check of the PyTorch slot: the honest buggy control of
@@ -47,7 +48,9 @@ def graded(tmp_path_factory):
                            "-k", "pytorch and (128x128 or no_library or no_score_matrix)"],
                           cwd=ROOT, capture_output=True, text=True, timeout=900)
     assert "grades" in proc.stdout, proc.stdout[-3000:] + proc.stderr[-2000:]
-    return {name: json.loads((reports / name / "results.json").read_text()) for name in ("wrong", "raises")}
+    graded = {name: json.loads((reports / name / "results.json").read_text()) for name in ("wrong", "raises")}
+    graded["pages"] = {name: (reports / name / "index.html").read_text() for name in ("wrong", "raises")}
+    return graded
 
 
 def checks(results) -> dict:
@@ -68,16 +71,26 @@ def test_a_forward_that_raises_scores_no_more_than_one_that_answers_wrongly(grad
     assert checks(wrong)[f"flash_pytorch::replay[{COURSE}]"]["status"] == "passed"
 
 
-def test_checks_that_needed_the_answer_say_so_and_name_the_check_charged(graded):
+def test_checks_that_needed_the_answer_say_so_and_link_to_the_cause_on_the_page(graded):
     tests = checks(graded["raises"])
     forward = tests[f"flash_pytorch::forward[{COURSE}]"]
     assert forward["status"] == "failed"
     assert "raised RuntimeError: this forward raises on every case" in forward["output"]
-    charged = f"(flash_pytorch::forward[{COURSE}] charges that failure)"
+    said = "the forward raised RuntimeError: this forward raises on every case. This check needs the case's answer"
     for name, verb in ((f"flash_pytorch::backward[{COURSE}]", "judge"), (f"flash_pytorch::replay[{COURSE}]", "compare"),
                        ("flash_pytorch::no_sdpa", "judge")):
-        diagnosis = tests[next(k for k in tests if k.startswith(name))]["extra_data"]["diagnosis"]
-        assert diagnosis.startswith(f"no answer to {verb}: the forward raised RuntimeError") and charged in diagnosis
+        test = tests[next(k for k in tests if k.startswith(name))]
+        diagnosis = test["extra_data"]["diagnosis"]
+        assert diagnosis.startswith(f"no answer to {verb}: {said}, so it fails with it"), diagnosis
+        assert "charge" not in test["output"] and "::" not in diagnosis, diagnosis  # no grader words, no check id
+        assert test["extra_data"]["see_also"] == f"flash_pytorch::forward[{COURSE}]"
     memory = tests[next(k for k in tests if k.startswith("memory::forward[pytorch"))]
-    assert memory["extra_data"]["diagnosis"].startswith("no answer to measure: the forward raised RuntimeError")
-    assert "(flash_pytorch::forward[fp32-1024x1024-d64-causal] charges that failure)" in memory["output"]
+    assert memory["extra_data"]["diagnosis"].startswith(f"no answer to measure: {said}")
+    assert "charge" not in memory["output"] and "::" not in memory["extra_data"]["diagnosis"]
+    assert memory["extra_data"]["see_also"] == "flash_pytorch::forward[fp32-1024x1024-d64-causal]"
+    page = graded["pages"]["raises"]
+    # The course case's forward check is on the page: the backward's card links to it.
+    anchor = f"check-flash_pytorch-forward-{COURSE}"
+    assert f'id="{anchor}"' in page and f'<a href="#{anchor}"><code>forward[{COURSE}]</code>' in page
+    # The memory case's forward check never ran in this run (-k): its card links to nothing.
+    assert "check-flash_pytorch-forward-fp32-1024x1024-d64-causal" not in page

@@ -152,7 +152,7 @@ def test_a_class_that_runs_the_course_case_is_judged_on_every_other_case():
         for test in (test_flash.test_forward, test_flash.test_backward):
             c = grade(test, session, "triton", tier, triton_case(tier, dtype="bfloat16"))
             assert c.record.outcome == "error", (tier, c.record.output)
-            # the backward names the forward's failure, which its case's forward check charges (issue 41)
+            # the backward says its case got no answer, as the forward raised (issue 41)
             said = "raised" if test is test_flash.test_forward else "no answer to judge: the forward raised"
             assert c.record.output.startswith(f"{said} AssertionError: Triton kernel only support CUDA")
 
