@@ -69,9 +69,9 @@ def fresh_caches(out: Path) -> dict:
     caches = out / "caches"
     shutil.rmtree(caches, ignore_errors=True)
     # Not TORCHINDUCTOR_CACHE_DIR: runners keep that variable (scratch.py ENV_KEEP) but cannot reach
-    # a folder of the grader's, so torch.compile failed in them (notes/grading-speed.md, "Fresh
-    # caches without the inductor's"); a
-    # runner's inductor cache is in its own scratch folder, new every run.
+    # a folder of the grader's (notes/grading-speed.md, "Fresh caches without the inductor's"); a
+    # runner's inductor folder is in its scratch folder, and what is kept of it between runners
+    # is under GRADER_CACHE_DIR (kernel_cache.kept_inductor_cache), fresh here.
     names = {"GRADER_CACHE_DIR": "grader", "TRITON_CACHE_DIR": "triton", "XDG_CACHE_HOME": "xdg"}
     return {variable: str(caches / name) for variable, name in names.items()}
 

@@ -37,7 +37,7 @@ PRELOAD = ("torch", "triton", "numpy")
 PRELOAD_COMPILE = ("torch._dynamo",)
 # A runner's own folders: the server gets folders of its own instead, and each runner its own.
 PER_RUNNER = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING",
-              "PYTHONPATH")
+              "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH")
 
 
 class ForkedProcess:
@@ -63,6 +63,7 @@ class ForkServer:
         os.chmod(self.folder, 0o700)
         own = {"HOME": self.folder, "TMPDIR": self.folder, "XDG_CACHE_HOME": self.folder, "TRITON_HOME": self.folder,
                "TRITON_CACHE_DIR": os.path.join(self.folder, "triton"),
+               "TORCHINDUCTOR_CACHE_DIR": os.path.join(self.folder, "inductor"),
                # torch's own CUDA check would initialise the driver, which a fork does not survive
                "PYTORCH_NVML_BASED_CUDA_CHECK": "1",
                # a runner's PYTHONPATH without the runner's own trusted copy: the server imports none of it

@@ -1,4 +1,5 @@
-"""A Triton cache that outlives the runner: compiled kernels and autotuning results, per submission.
+"""Compilers' caches that outlive the runner, per submission: Triton's compiled kernels and autotuning
+results, and torch.compile's output (kept_inductor_cache).
 
 A runner's Triton cache lives in its scratch folder and goes with it, so every run compiled and
 autotuned every kernel again, for every attention case of an autotuned kernel (notes/grading-speed.md).
@@ -49,6 +50,24 @@ def kept_cache(submission_root: Path, track: str = "") -> Path:
     where the submission's compiled kernels are kept, for all its tracks."""
     key = hashlib.sha256(f"{os.path.realpath(submission_root)}\0{track}".encode()).hexdigest()[:24]
     return cache_root() / "triton" / key
+
+
+def kept_inductor_cache(submission_root: Path) -> Path:
+    """Where one submission's torch.compile output is kept between runs, for all its tracks.
+
+    torch.compile's caches (the FX graph and AOTAutograd caches, the inductor's generated code and
+    its compiled C++) are keyed by the traced graph, its input shapes and guards, and the compiler's
+    version, so an entry is the same whichever runner wrote it: a later runner of the submission
+    skips lowering and code generation, and traces with dynamo only. Unlike a Triton autotuning
+    result, what the inductor generates masks every tile at every length, so sharing it across
+    tracks cannot turn a correct kernel into one that reads past the end."""
+    key = hashlib.sha256(f"{os.path.realpath(submission_root)}".encode()).hexdigest()[:24]
+    return cache_root() / "inductor" / key
+
+
+def is_inductor_entry(relative: str) -> bool:
+    """What of a runner's inductor folder is worth keeping: not its lock files."""
+    return not relative.startswith("locks" + os.sep) and not relative.endswith(".lock")
 
 
 def is_autotuning(relative: str) -> bool:

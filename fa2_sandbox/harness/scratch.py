@@ -91,13 +91,17 @@ class ScratchFolder:
         self.exchange = self.path / "exchange"
         self.home = self.path / "home"
         self.triton_cache = self.home / ".triton" / "cache"
-        for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache):
+        self.inductor_cache = self.home / ".inductor"
+        for folder in (self.exchange, self.home, self.home / "tmp", self.triton_cache.parent, self.triton_cache,
+                       self.inductor_cache):
             self._private_dir(folder)
         self.kept_kernels = kept_kernels
         self.kept_compiled = kernel_cache.kept_cache(submission.root)  # every track's compiled kernels
+        self.kept_inductor = kernel_cache.kept_inductor_cache(submission.root)  # every track's torch.compile output
         if kept_kernels is not None:  # the submission's compiled kernels, then the track's autotuning
             kernel_cache.bring_in(self.kept_compiled, self.triton_cache, uid)
             kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
+            kernel_cache.bring_in(self.kept_inductor, self.inductor_cache, uid)
         self.trusted = self._copy_trusted()
         self.copy_notes = []  # links of the submission that were not copied
 
@@ -183,6 +187,9 @@ class ScratchFolder:
                     "PYTHONDONTWRITEBYTECODE": "1", "HOME": str(self.home), "TMPDIR": str(self.home / "tmp"),
                     "USER": "grader", "LOGNAME": "grader", "XDG_CACHE_HOME": str(self.home / ".cache"),
                     "TRITON_CACHE_DIR": str(self.triton_cache), "GRADER_RUNNER": "1",
+                    # in the scratch folder, which the runner can reach: not a folder of the grader's
+                    # that a kept TORCHINDUCTOR_CACHE_DIR would name (fresh_caches in bench/grade_speed.py)
+                    "TORCHINDUCTOR_CACHE_DIR": str(self.inductor_cache),
                     # Triton's home (its dump and override folders) is the runner's, not whatever
                     # HOME a process that imported Triton first had (a fork server's, forked.py)
                     "TRITON_HOME": str(self.home)})
@@ -202,4 +209,5 @@ class ScratchFolder:
             kernel_cache.take_back(self.triton_cache, self.kept_compiled,
                                    lambda relative: not kernel_cache.is_autotuning(relative))
             kernel_cache.take_back(self.triton_cache, self.kept_kernels, kernel_cache.is_autotuning)
+            kernel_cache.take_back(self.inductor_cache, self.kept_inductor, kernel_cache.is_inductor_entry)
         shutil.rmtree(self.path, ignore_errors=True)

@@ -2,6 +2,8 @@
 scratch folder, and what never does."""
 import json
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 from fa2_sandbox.harness import kernel_cache
@@ -126,3 +128,46 @@ def test_a_kernel_index_cannot_point_outside_its_folder(tmp_path):
     group = json.loads((cache / "k" / "__grp__a.json").read_text())
     assert group == {"child_paths": {"a.cubin": str(cache / "k" / "shadow")}}
     assert not (cache / "k" / "__grp__b.json").exists()
+
+
+def test_torch_compile_output_is_kept_for_the_submissions_next_runner(tmp_path, monkeypatch):
+    """A runner's inductor folder comes back, without its locks, and the submission's next runner of
+    any track starts with it; the runner's TORCHINDUCTOR_CACHE_DIR names its own scratch copy."""
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "graders-own"))
+    submission = load_submission(REFERENCE)
+    first = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "pytorch"))
+    assert first.runner_env({"network": False}, {})["TORCHINDUCTOR_CACHE_DIR"] == str(first.inductor_cache)
+    (first.inductor_cache / "fxgraph" / "ab").mkdir(parents=True)
+    (first.inductor_cache / "fxgraph" / "ab" / "entry").write_bytes(b"graph")
+    (first.inductor_cache / "locks").mkdir()
+    (first.inductor_cache / "locks" / "ab.lock").write_text("")
+    first.remove()
+
+    second = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "memory-triton"))
+    assert (second.inductor_cache / "fxgraph" / "ab" / "entry").read_bytes() == b"graph"
+    assert not (second.inductor_cache / "locks").exists()
+    second.remove()
+
+
+def test_a_kept_inductor_cache_is_hit_from_another_folder(tmp_path):
+    """torch.compile's caches hold no absolute path of the folder that wrote them: a graph compiled
+    in one runner's folder, taken back and brought into another's, is found there (a cache hit),
+    not compiled again."""
+    script = tmp_path / "compiled.py"
+    script.write_text(
+        "import torch\n"
+        "from torch._dynamo.utils import counters\n"
+        "f = torch.compile(lambda q, k: torch.softmax(q @ k.T, -1).sum(), fullgraph=True)\n"
+        "f(torch.randn(8, 4), torch.randn(8, 4))\n"
+        "print(counters['inductor']['fxgraph_cache_hit'], counters['inductor']['fxgraph_cache_miss'])\n")
+
+    def compile_in(folder: Path) -> list:
+        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder)}
+        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
+        return [int(n) for n in out.stdout.split()]
+
+    assert compile_in(tmp_path / "first") == [0, 1]
+    kernel_cache.take_back(tmp_path / "first", tmp_path / "kept", kernel_cache.is_inductor_entry)
+    kernel_cache.bring_in(tmp_path / "kept", tmp_path / "second", None)
+    assert compile_in(tmp_path / "second") == [1, 0]
