@@ -71,6 +71,7 @@ The course tier is judged by the official tests' own rule instead (`course_close
 torch.testing.assert_close semantics, |x - ref| <= atol + rtol * |ref| with atol = rtol = 1e-2,
 plus the same dtype, so a repo that passes the official tests gets the course tier.
 """
+import math
 from dataclasses import asdict, dataclass
 
 import torch
@@ -132,13 +133,18 @@ def compare(name: str, actual: torch.Tensor, oracle: torch.Tensor, baseline: tor
     if bad.any():
         reason = f"{name} has {int(bad.sum())} NaN or Inf values (first at index {worst})."
     elif max_err > max_bound:
-        reason = (f"{name} max error {max_err:.3g} at index {worst} exceeds the bound {max_bound:.3g} "
-                  f"(oracle {at_worst[0]:.5g}, got {at_worst[1]:.5g}).")
+        reason = (f"{name} max error {max_err:.3g} at index {worst} is over the bound {max_bound:.3g}"
+                  f"{_times(max_err, max_bound)} (oracle {at_worst[0]:.5g}, got {at_worst[1]:.5g}).")
     elif mean_err > mean_bound:
-        reason = f"{name} mean error {mean_err:.3g} exceeds the bound {mean_bound:.3g}."
+        reason = f"{name} mean error {mean_err:.3g} is over the bound {mean_bound:.3g}{_times(mean_err, mean_bound)}."
     else:
         reason = ""
     return Verdict(not reason, reason, max_err, max_bound, mean_err, mean_bound, worst, *at_worst)
+
+
+def _times(err: float, bound: float) -> str:
+    """How far over its bound an error is, as a multiple: ", 37 times it"."""
+    return f", {err / bound:.3g} times it" if bound > 0 and math.isfinite(err / bound) else ""
 
 
 COURSE_ATOL = COURSE_RTOL = 1e-2  # tests/test_attention.py in the course's repo

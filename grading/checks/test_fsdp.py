@@ -150,8 +150,6 @@ def test_fsdp_equivalence(session, submission, check, precision):
     fp32 = train_baseline(session)
     gap = max_diff(fp32, expected)[0]
     bound = FP16_FACTOR * gap + FP16_ATOL
-    rule = (f"max difference from fp16-compute training {worst:.2g}, allowed {FP16_FACTOR:g} x {gap:.2g} "
-            f"(fp32 vs fp16-compute training) + {FP16_ATOL:g} = {bound:.2g}")
     layer_dtypes = sorted({d for s in ranks for d in s.get("layer_dtypes", ())})
     seen = f"; the Linear and Embedding layers produced {', '.join(layer_dtypes)} outputs" if layer_dtypes else ""
     seen += layers_text(ranks)
@@ -173,12 +171,44 @@ def test_fsdp_equivalence(session, submission, check, precision):
                       f"{', '.join(forward_dtypes)} tensors only)" if forward_ignored_it
                       else f"the parameters match training entirely in float32 (max difference {from_fp32:.1e})")
                    + "; cast the gathered weights to it, as the handout says, 'before communicating or using them "
-                     "for compute'.", rule + seen)
-        c.ok(f"all {len(ranks)} ranks within the fp16 rule after {FSDP_STEPS} steps: {rule}{seen}")
+                     "for compute'.", as_float32_training(from_fp32, worst, gap) + seen)
+        c.ok(f"all {len(ranks)} ranks within the fp16 rule after {FSDP_STEPS} steps: "
+             f"{within_fp16_rule(worst, gap, bound)}{seen}")
         return
     c.fail(explain(session, precision, ranks, tensors) or
            f"the gathered parameters differ from fp16-compute training by more than float16 rounding explains "
-           f"({worst:.2g}, allowed {bound:.2g}).", rule + seen + "\n" + diffs)
+           f"({worst:.2g}, allowed {bound:.2g}).", over_fp16_rule(worst, gap, bound) + seen + "\n" + diffs)
+
+
+# -- the fp16 rule's figures, each worded the way its verdict went ---------------------------------
+
+def fp16_allowance(gap: float, bound: float) -> str:
+    return (f"{bound:.2g} ({FP16_FACTOR:g} x {gap:.2g}, how far float16 rounding alone moves training from "
+            f"float32 training, + {FP16_ATOL:g})")
+
+
+def within_fp16_rule(worst: float, gap: float, bound: float) -> str:
+    """A pass: the difference from fp16-compute training, under its allowance."""
+    return f"max difference from fp16-compute training {worst:.2g}, within the allowed {fp16_allowance(gap, bound)}"
+
+
+def over_fp16_rule(worst: float, gap: float, bound: float) -> str:
+    """A failure by the numbers: the allowance missed, and by how much."""
+    return (f"max difference from fp16-compute training {worst:.2g}, over the allowed {fp16_allowance(gap, bound)} "
+            f"by {worst - bound:.2g} ({worst / bound:.3g} times the allowance)")
+
+
+def as_float32_training(from_fp32: float, from_fp16: float, gap: float) -> str:
+    """A failure because nothing ran in float16: how near float32 training the parameters are, which
+    the fp16 rule's allowance cannot show (float32 training is within it too)."""
+    if from_fp32 < gap:
+        return (f"max difference from float32 training {from_fp32:.2g}, under the {gap:.2g} by which computing in "
+                f"float16 moves training away from it: the parameters are float32 training's (fp16-compute "
+                f"training's are {from_fp16:.2g} away)")
+    return (f"max difference from float32 training {from_fp32:.2g}, from fp16-compute training {from_fp16:.2g}: "
+            f"float16 moves training only {gap:.2g} here, too little for the numbers to tell the two apart, so the "
+            f"dtypes the ranks saw decide")
+
 
 
 def test_fsdp_sharded(session, submission, check):

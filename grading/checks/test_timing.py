@@ -212,11 +212,24 @@ def measure_budget(c, session, submission, runners, slot, case, budget, timeout,
     return timing
 
 
+def against_budget(ratio, budget_ratio) -> str:
+    """The time against its budget, in the direction it went: "7.9x the reference's time, over the
+    budget of 3x by 4.9x" or "1.2x the reference's time, within the budget of 3x"."""
+    if ratio is None:
+        return ""
+    if ratio > budget_ratio:
+        return (f"{ratio:.2f}x the reference's time, over the budget of {budget_ratio:g}x by "
+                f"{ratio - budget_ratio:.2f}x; ")
+    return f"{ratio:.2f}x the reference's time, within the budget of {budget_ratio:g}x; "
+
+
 def judge_budget(c, budget, case, timing):
     sdpa = f", SDPA {timing['sdpa_ms']:.3f} ms" if timing["sdpa_ms"] else ""
-    evidence = (f"student {timing['student_ms']} ms a pass ({timing['student_passes']} timed), reference "
-                f"{timing['reference_ms']} ms ({timing['reference_passes']} timed){sdpa} (fwd+bwd, {case.id}; the "
-                f"fastest of the stretches between synchronizes)")
+    ratio = None if timing["stopped_after_s"] is not None else timing["ratio"]
+    evidence = (f"{against_budget(ratio, budget['ratio'])}student {timing['student_ms']} ms a pass "
+                f"({timing['student_passes']} timed), reference {timing['reference_ms']} ms "
+                f"({timing['reference_passes']} timed){sdpa} (fwd+bwd, {case.id}; the fastest of the stretches "
+                f"between synchronizes)")
     if timing["stopped_after_s"] is not None:
         over = timing["stopped_after_s"] * 1000 / timing["reference_ms"]
         c.fail(f"one forward+backward pass had not finished after {timing['stopped_after_s']:.1f} s with the GPU to "
