@@ -10,14 +10,18 @@ the worker's plugin (grading/worker.py). Its identity (CheckIdentity) is made on
 test's parameters, and travels as that value: the controller's scheduler reads it, never a string
 parsed back.
 """
+import re
 from dataclasses import dataclass
 
 import pytest
 
-from fa2_sandbox.wire import outcomes
+from fa2_sandbox.wire import course_env, outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
 from grading.tracks import Track, group_name
+
+# Python's words for an import that found no module: "No module named 'cs336_basics'".
+NO_MODULE = re.compile(r"No module named '([\w.]+)'")
 
 
 def submission_of(item):
@@ -71,6 +75,7 @@ class Check:
                                   case_fields=case_fields, tier=tier, group=group,
                                   source=rubric.source(group), advice=rubric.advice(group))
         self.opening = ""  # what every verdict says first (preface)
+        self.root = getattr(submission, "root", None)  # where its pyproject files are read (missing_folder)
 
     def update(self, **fields):
         self.record.update(**fields)
@@ -83,8 +88,17 @@ class Check:
     def _after_preface(self, text: str) -> str:
         return f"{self.opening}; {text}" if self.opening else text
 
+    def missing_folder(self, diagnosis: str) -> str:
+        """The diagnosis, ended with the folder to add where it is a `No module named` error on a
+        path dependency the submission declares and lacks (a git submodule not checked out, say)."""
+        found = NO_MODULE.search(diagnosis)
+        if found is None or self.root is None:
+            return diagnosis
+        advice = course_env.missing_path_dependency(self.root, found.group(1))
+        return f"{diagnosis} {advice}" if advice and advice not in diagnosis else diagnosis
+
     def fail(self, diagnosis: str, evidence: str = "", outcome: str = outcomes.FAILED, **details):
-        diagnosis = self._after_preface(diagnosis)
+        diagnosis = self.missing_folder(self._after_preface(diagnosis))
         self.update(outcome=outcome, diagnosis=diagnosis,
                     output=diagnosis + ("\n" + evidence if evidence else ""), **details)
         pytest.fail(self.record.output, pytrace=False)

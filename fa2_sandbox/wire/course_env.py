@@ -173,6 +173,8 @@ def read(root: Path) -> CourseEnv:
             env.refused.append(_refused_note(root, name, where, "outside the submission"))
         elif not os.path.isdir(target):
             env.refused.append(_refused_note(root, name, where, "which is not a folder in the submission"))
+        elif _empty(target):
+            env.refused.append(_empty_note(name, where))
         elif target != real_root:
             folders.append((name, Path(target)))
 
@@ -203,10 +205,47 @@ def read(root: Path) -> CourseEnv:
     return env
 
 
+def _empty(folder: str) -> bool:
+    """Whether a path dependency's folder holds nothing (a git submodule not checked out)."""
+    try:
+        return not any(entry.name != ".git" for entry in os.scandir(folder))
+    except OSError:
+        return False
+
+
+def _empty_note(name: str, where: str) -> str:
+    """The sentence for a uv source whose folder is there but empty."""
+    folder = where.strip("/").removeprefix("./")
+    return (f"pyproject.toml's [tool.uv.sources] points {name} at {where}, a folder that is empty in the submission "
+            f"(a git submodule not checked out, say), so the grader could not import it. Add the {folder}/ folder's "
+            f"files to the submission (`git submodule update --init`, or copy them in) and grade again.")
+
+
+def missing_path_dependency(root: Path, module: str) -> str | None:
+    """For a `No module named '<module>'` error: the sentence naming the folder to add, where the
+    module is a path dependency the submission declares and lacks (the uv source's folder is absent
+    or empty); else None."""
+    wanted = module.split(".")[0]
+    env = read(Path(root))
+    if any(import_name(dist) == wanted for dist in env.distributions):
+        return None  # it is there: the error is another one
+    sources = _table(read_pyproject(Path(root))[0], "tool", "uv", "sources")
+    for name, source in sources.items():
+        if isinstance(source, dict) and source.get("path") and import_name(name) == wanted:
+            where = str(source["path"])
+            inside = not os.path.isabs(where) and _inside(os.path.realpath(os.path.join(root, where)),
+                                                          os.path.realpath(root))
+            folder = where.strip("/").removeprefix("./") if inside else name  # the grader never reads outside
+            return (f"{wanted} is the path dependency {name}, which pyproject.toml's [tool.uv.sources] finds at "
+                    f"{where}, and the submission lacks it there: add the {folder}/ folder (with its files) "
+                    f"to the submission and grade again.")
+    return None
+
+
 def _ships_basics(root: Path) -> bool:
     """Whether the repo has its own cs336-basics/ folder (not a link leaving it)."""
     folder = root / COURSE_BASICS
-    return folder.is_dir() and _inside(os.path.realpath(folder), os.path.realpath(root))
+    return folder.is_dir() and _inside(os.path.realpath(folder), os.path.realpath(root)) and not _empty(str(folder))
 
 
 def _refused_note(root: Path, name: str, where: str, why: str) -> str:
@@ -364,9 +403,12 @@ def notes(root: Path, adapters_file: Path | None = None) -> list:
 def import_advice(root: Path, exc: BaseException) -> str | None:
     """For an import that failed with ModuleNotFoundError on a package the submission declares
     and this Python lacks: the same advice as the report's note, to end the import error with,
-    so the ungradable reason says what to do. Else None."""
+    so the ungradable reason says what to do; on a path dependency it lacks, the folder to add.
+    Else None."""
     if not isinstance(exc, ModuleNotFoundError) or not exc.name:
         return None
+    if folder := missing_path_dependency(root, exc.name):
+        return folder
     env = read(root)
     wanted = exc.name.split(".")[0]
     failing = {name: files for name, files in missing(env).items() if import_name(name) == wanted}

@@ -9,6 +9,7 @@ cs336-basics/ folder with its own pyproject.toml), and run through the real runn
 """
 import textwrap
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
@@ -16,6 +17,7 @@ from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import load_submission
 from fa2_sandbox.wire import course_env
 from fa2_sandbox.wire.requests import Distributed
+from grading.check import Check
 
 ROOT_PYPROJECT = '''
 [project]
@@ -168,6 +170,58 @@ def test_source_to_a_missing_folder(tmp_path):
     assert env.paths == [str((root / "cs336-basics").resolve())]
     assert env.refused == ["pyproject.toml's [tool.uv.sources] points cs336-basics at ./assignment1, which is not "
                            "a folder in the submission; the grader used the repo's own cs336-basics/ folder instead."]
+
+
+MISSING_BASICS = ("cs336_basics is the path dependency cs336-basics, which pyproject.toml's [tool.uv.sources] finds "
+                  "at ./cs336-basics, and the submission lacks it there: add the cs336-basics/ folder (with its files) "
+                  "to the submission and grade again.")
+
+
+def test_a_path_dependency_left_an_empty_submodule_names_the_folder_to_add(tmp_path):
+    """The course's cs336-basics/ is often a git submodule: not checked out, its folder is there and
+    empty, and every check that imports it fails with "No module named 'cs336_basics'"."""
+    root = course_repo(tmp_path / "repo", ship_basics=False)
+    (root / "cs336-basics").mkdir()
+    env = course_env.read(root)
+    assert env.paths == [] and env.distributions == []
+    assert env.refused == ["pyproject.toml's [tool.uv.sources] points cs336-basics at ./cs336-basics, a folder that is "
+                           "empty in the submission (a git submodule not checked out, say), so the grader could not "
+                           "import it. Add the cs336-basics/ folder's files to the submission (`git submodule update "
+                           "--init`, or copy them in) and grade again."]
+    assert load_submission(root).notes == env.refused  # the page's first lines (test_report_sources)
+    assert course_env.missing_path_dependency(root, "cs336_basics.model") == MISSING_BASICS
+    # A check failing with the import error ends with the folder to add (grading/check.py), once.
+    diagnosis = "rank 0 raised ModuleNotFoundError: No module named 'cs336_basics' (in get_fsdp)."
+    check = SimpleNamespace(root=root)
+    assert Check.missing_folder(check, diagnosis) == f"{diagnosis} {MISSING_BASICS}"
+    assert Check.missing_folder(check, f"{diagnosis} {MISSING_BASICS}") == f"{diagnosis} {MISSING_BASICS}"
+    # Another module, or a repo that ships the folder, gets no such sentence.
+    assert Check.missing_folder(check, "raised ModuleNotFoundError: No module named 'einops'") == \
+        "raised ModuleNotFoundError: No module named 'einops'"
+    assert course_env.missing_path_dependency(course_repo(tmp_path / "whole"), "cs336_basics") is None
+
+
+def test_a_path_dependency_whose_folder_is_absent_names_it_too(tmp_path):
+    root = course_repo(tmp_path / "repo", ship_basics=False)
+    assert course_env.notes(root) == ["pyproject.toml's [tool.uv.sources] points cs336-basics at ./cs336-basics, "
+                                      "which is not a folder in the submission; the grader could not import it and "
+                                      "the submission has no cs336-basics/ folder of its own. Put it in the "
+                                      "submission (as cs336-basics/) and grade again."]
+    assert course_env.missing_path_dependency(root, "cs336_basics") == MISSING_BASICS
+    outside = course_repo(tmp_path / "outside", basics="../cs336-assignment1", ship_basics=False)
+    assert course_env.missing_path_dependency(outside, "cs336_basics").endswith(
+        "add the cs336-basics/ folder (with its files) to the submission and grade again.")
+
+
+def test_adapters_that_import_a_missing_path_dependency_say_which_folder_to_add(tmp_path):
+    root = course_repo(tmp_path / "repo", ship_basics=False)
+    (root / "cs336-basics").mkdir()
+    runner, ready = start(root)
+    try:
+        assert ready["import_error"] == ("tests/adapters.py failed to import: ModuleNotFoundError: No module named "
+                                         f"'cs336_basics' (tests/adapters.py, line 2). {MISSING_BASICS}")
+    finally:
+        runner.close()
 
 
 def test_declared_packages_missing_make_one_finding(tmp_path):
