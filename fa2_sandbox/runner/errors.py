@@ -1,11 +1,19 @@
 """One line for an exception a submission raised, as the reports show it. Used by the runner and
 by its ranks; imports nothing heavy, so tests can call it in their own process."""
+import linecache
 import os
+import sys
 import traceback
 
+QUOTED_CHARS = 100  # a quoted source line longer than this is cut, so the sentence stays one line
 
-def describe(exc: BaseException) -> str:
-    """'TypeName: first line', with what the first line leaves out when it is only a place."""
+
+def describe(exc: BaseException, root=None) -> str:
+    """'TypeName: first line', with what the first line leaves out when it is only a place. With
+    `root` (the submission's folder), a Triton error inside a kernel names the file under `root`,
+    the line and its source instead of Triton's own position (triton_place)."""
+    if root is not None and (place := triton_place(exc, root)):
+        return place
     if isinstance(exc, SystemExit):
         return f"SystemExit: sys.exit({exc.code!r}) was called"
     text = str(exc).strip().splitlines()
@@ -53,3 +61,143 @@ def import_failure(adapters_file: str, exc: BaseException, root) -> str:
         described = describe(exc)
     where = where_raised(exc, root)
     return f"{adapters_file} failed to import: {described}" + (f" ({where})" if where else "")
+
+
+# -- Triton errors inside a kernel -------------------------------------------------------------
+#
+# On a GPU, Triton compiles a kernel from its source and reports a mistake as a CompilationError
+# "at 9:14:", counted from the kernel's `def` line (1) and its column, with the reason in the error
+# it wraps; one inside a @triton.jit helper is wrapped again by each caller's CompilationError, at
+# the call. Triton strips its code generator's frames from the traceback, so the kernel is found
+# by the source the error carries (CompilationError.src is the JITFunction's `src`). Under the
+# interpreter (TRITON_INTERPRET=1) the kernel runs as Python: the same mistake is an
+# InterpreterError wrapping the error, and the kernel's frames keep their true lines.
+
+def triton_place(exc: BaseException, root) -> str | None:
+    """'CompilationError: cs336_systems/flash.py, line 216 (in helper, called from line 190):
+    `tl.store(o_ptr, acc)`: AssertionError: ...' for a Triton error whose place is in the
+    submission's files under `root`; None for any other error, or where the place is not found."""
+    chain = _chain(exc)
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    if "CompilationError" in kinds:
+        places = _compile_places(chain, root)
+    elif "InterpreterError" in kinds:
+        places = _interpreted_places(chain, root)
+    else:
+        return None
+    if not places:
+        return None
+    (path, line, function), callers = places[-1], places[:-1]
+    where = f"{path}, line {line}"
+    if callers:
+        called = ", in turn from ".join(_caller(place, path) for place in reversed(callers))
+        where += f" (in {function}, called from {called})"
+    source = linecache.getline(os.path.join(os.path.realpath(root), path), line).strip()
+    if len(source) > QUOTED_CHARS:
+        source = source[:QUOTED_CHARS].rstrip() + "..."
+    quoted = f": `{source}`" if source else ""
+    return f"{type(exc).__name__}: {where}{quoted}: {_reason(chain)}"
+
+
+def _chain(exc: BaseException) -> list:
+    """The exception and those it wraps, outermost first (each one's cause, or else its context)."""
+    chain = []
+    while exc is not None and exc not in chain:
+        chain.append(exc)
+        exc = exc.__cause__ or exc.__context__
+    return chain
+
+
+def _inside(path, root) -> str | None:
+    """`path` relative to `root` when it is a file under it, else None."""
+    if not path:
+        return None
+    root, path = os.path.realpath(root), os.path.realpath(path)
+    return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
+
+
+def _caller(place: tuple, innermost_path: str) -> str:
+    path, line, _ = place
+    return f"line {line}" if path == innermost_path else f"{path}, line {line}"
+
+
+def _reason(chain: list) -> str:
+    """What went wrong: the error Triton wrapped ('AssertionError: Both operands must be same dtype'),
+    or, where it wrapped none, the message of the innermost CompilationError."""
+    wrapped = [e for e in chain if not _is_triton_wrapper(e)]
+    if wrapped:
+        lines = str(wrapped[0]).strip().splitlines()
+        return f"{type(wrapped[0]).__name__}" + (f": {lines[-1].strip()}" if lines else "")
+    innermost = chain[-1]
+    return (getattr(innermost, "error_message", None) or str(innermost)).strip().splitlines()[-1]
+
+
+def _is_triton_wrapper(exc: BaseException) -> bool:
+    kinds = {cls.__name__ for cls in type(exc).__mro__}
+    return "CompilationError" in kinds or "InterpreterError" in kinds
+
+
+def _compile_places(chain: list, root) -> list:
+    """(path under root, line in the file, function) of each CompilationError of the chain that has a
+    position, outermost first: the calls that led to the mistake, then the mistake."""
+    kernels = _jit_functions(chain, root)
+    places = []
+    for error in chain:
+        node, src = getattr(error, "node", None), getattr(error, "src", None)
+        if not isinstance(src, str) or getattr(node, "lineno", None) is None:
+            continue
+        kernel = next((k for k in kernels if k.src is src), None) or next((k for k in kernels if k.src == src), None)
+        path = _inside(kernel.file_name, root) if kernel is not None else None
+        if path is None:
+            continue
+        # node.lineno counts from the `def` line (1), so the file's line is the def's plus it, less one
+        places.append((path, kernel.def_file_line_number + node.lineno - 1, _name(kernel)))
+    return places
+
+
+def _interpreted_places(chain: list, root) -> list:
+    """(path under root, line, function) of the submission's innermost frame in each exception the
+    outermost InterpreterError wraps, outermost first: the kernel frames, the mistake last. The
+    outermost's own frames are the launch from Python, not the kernel's."""
+    places = []
+    for error in chain[1:]:
+        frames = [(path, frame.lineno, frame.name) for frame in traceback.extract_tb(error.__traceback__)
+                  if (path := _inside(frame.filename, root)) is not None]
+        if frames:
+            places.append(frames[-1])
+    return places
+
+
+def _name(kernel) -> str:
+    return getattr(getattr(kernel, "fn", None), "__name__", None) or getattr(kernel, "__name__", "the kernel")
+
+
+def _jit_functions(chain: list, root) -> list:
+    """The @triton.jit functions that a CompilationError's source can come from: those the frames of
+    the chain hold (the kernel being compiled, its launcher), and those of the submission's modules
+    (its helpers, autotuned or not)."""
+    found = []
+    for error in chain:
+        for frame, _ in traceback.walk_tb(error.__traceback__):
+            found += [_unwrap(value) for value in list(frame.f_locals.values())]
+    for module in list(sys.modules.values()):
+        if _inside(getattr(module, "__file__", None), root) is not None:
+            found += [_unwrap(value) for value in list(vars(module).values())]
+    return [fn for fn in found if fn is not None]
+
+
+def _unwrap(value, depth: int = 4):
+    """The JITFunction under a value (an Autotuner or Heuristics wraps one as `.fn`; an ASTSource
+    holds one as `.fn`), or None. Recognised by what Triton's JITFunction has, so that this module
+    need not import Triton."""
+    for _ in range(depth):
+        try:
+            if isinstance(getattr(value, "src", None), str) and hasattr(value, "def_file_line_number") \
+                    and hasattr(value, "file_name"):
+                return value
+            value = getattr(value, "fn", None)
+        except Exception:  # a student's object whose attributes raise: not a kernel
+            return None
+        if value is None:
+            return None
+    return None

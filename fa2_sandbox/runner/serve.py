@@ -197,8 +197,11 @@ def call_adapter(module, name, *args):
 
 
 class Runner:
-    def __init__(self, channel: Channel, module, exchange: Path, profile: "cpu_profile.Profile | None" = None):
+    def __init__(self, channel: Channel, module, exchange: Path, profile: "cpu_profile.Profile | None" = None,
+                 root: Path | None = None):
         self.channel, self.module, self.exchange = channel, module, exchange
+        # the submission's copy: errors name its files relative to it, as they are in the student's repo
+        self.root = root if root is not None else Path.cwd()
         self.profile = profile  # where this process's CPU went, for the bench (cpu_profile.py); None: not asked
         self.rank_pool = None  # the ranks of the last distributed call, kept for the next one
         self.timed = None  # a timing budget's prepared inputs and last outputs, between its calls
@@ -257,7 +260,7 @@ class Runner:
                     raise
                 result["backward_error"] = {
                     "status": outcomes.NOT_ATTEMPTED if isinstance(exc, NotImplementedError) else outcomes.ERROR,
-                    "message": describe(exc), "traceback": traceback.format_exc(limit=-8)}
+                    "message": describe(exc, self.root), "traceback": traceback.format_exc(limit=-8)}
             else:
                 tensors.update({name: flash_call.as_returned(g) for name, g in zip(("dq", "dk", "dv"), grads)
                                 if g is not None})
@@ -395,7 +398,7 @@ class Runner:
             except NotAttempted as exc:
                 reply = {"event": "done", "status": outcomes.NOT_ATTEMPTED, "message": str(exc)}
             except BaseException as exc:  # the student's exception, SystemExit included
-                reply = {"event": "done", "status": outcomes.ERROR, "message": describe(exc),
+                reply = {"event": "done", "status": outcomes.ERROR, "message": describe(exc, self.root),
                          "traceback": traceback.format_exc(limit=-8)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner
@@ -438,7 +441,7 @@ def main() -> None:
         profile.ready()
         hello["cpu"] = profile.totals()
     channel.send(hello)
-    Runner(channel, module, Path(config["exchange"]), profile).serve()
+    Runner(channel, module, Path(config["exchange"]), profile, root).serve()
 
 
 if __name__ == "__main__":

@@ -113,8 +113,16 @@ TRITON_REFUSALS = ("CompilationError", "InterpreterError")
 TRITON_POWER_OF_TWO = "must be a power of 2"
 
 
+def without_quoted_source(message: str) -> str:
+    """The message without the source it quotes in backticks (a Triton error quotes the kernel's
+    line: fa2_sandbox/runner/errors.py triton_place): the words of the student's code, a HEAD_DIM
+    or a comment naming the GPU, say nothing of why it raised."""
+    return re.sub(r"`[^`]*`", "``", message)
+
+
 def names_head_dim(message: str, traceback: str, head_dim: int) -> bool:
     """Whether an error ("TypeName: first line", and its traceback) refuses `head_dim` (rule 2)."""
+    message = without_quoted_source(message)
     kind, _, text = message.partition(": ")
     value = rf"(?<![\w.]){head_dim}(?![\w.])"
     if HEAD_DIM_WORDS.search(message) or re.search(rf"\b[dD]\s*(=|==|:)\s*{value}", text):
@@ -175,6 +183,7 @@ def raising_line(traceback: str) -> str:
 def machine_error(message: str, traceback: str) -> bool:
     """Whether an error ("TypeName: first line", and its traceback) is the machine's, not the
     class's: the rule above."""
+    message = without_quoted_source(message)
     return bool(MACHINE_WORDS.search(message) or MACHINE_WORDS.search(raising_line(traceback))
                 or INTERPRETER_LACKS.search(message))
 
