@@ -21,7 +21,7 @@ from markupsafe import Markup
 from grading.results import store
 from grading.results.record import points
 
-from . import classstats, plots
+from . import classstats, plots, tracebacks
 from .page_model import HIDDEN_VISIBILITY, load_all
 
 
@@ -37,7 +37,7 @@ def make_env() -> Environment:
                       keep_trailing_newline=True, extensions=["jinja2.ext.do"])
     env.filters.update(points=_points, num=plots.fmt, colour=plots.heat_colour_fraction,
                        pct=lambda f: "—" if f is None else f"{100 * f:.0f}%")
-    env.globals.update(plots=plots, hidden_visibility=HIDDEN_VISIBILITY)
+    env.globals.update(plots=plots, tracebacks=tracebacks, hidden_visibility=HIDDEN_VISIBILITY)
     return env
 
 

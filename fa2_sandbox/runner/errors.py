@@ -6,6 +6,10 @@ import sys
 import traceback
 
 QUOTED_CHARS = 100  # a quoted source line longer than this is cut, so the sentence stays one line
+# The frames a traceback keeps of each exception, the innermost: enough to reach from the runner's
+# call through the student's code into torch or Triton, where the error was raised; the page
+# folds the grader's and the libraries' frames (reporting/tracebacks.py).
+TRACEBACK_FRAMES = 24
 
 
 def describe(exc: BaseException, root=None) -> str:
@@ -31,6 +35,23 @@ def describe(exc: BaseException, root=None) -> str:
         described += (f" (`{frames[-1].line}` at {where}: NotImplemented is a constant, not an exception; "
                       f"raise NotImplementedError instead)")
     return described
+
+
+def format_traceback(exc: BaseException, root, limit: int = TRACEBACK_FRAMES) -> str:
+    """The exception's traceback, its causes' too, as Python prints it, with the innermost `limit`
+    frames of each; a file under `root` (the runner's copy of the submission) is named by its path
+    in the submission, as the student's repo names it, not by the scratch copy's."""
+    # The source lines are read as the frames are taken (lookup_lines), before their files are renamed.
+    shown = traceback.TracebackException(type(exc), exc, exc.__traceback__, limit=-limit, lookup_lines=True)
+    part, seen = shown, set()
+    while part is not None and id(part) not in seen:
+        seen.add(id(part))
+        for frame in part.stack:
+            frame.filename = _inside(frame.filename, root) or frame.filename
+        if isinstance(getattr(part, "filename", None), str):  # a SyntaxError's own file
+            part.filename = _inside(part.filename, root) or part.filename
+        part = part.__cause__ or part.__context__
+    return "".join(shown.format())
 
 
 def where_raised(exc: BaseException, root) -> str | None:
@@ -92,7 +113,7 @@ def triton_place(exc: BaseException, root) -> str | None:
     if callers:
         called = ", in turn from ".join(_caller(place, path) for place in reversed(callers))
         where += f" (in {function}, called from {called})"
-    source = linecache.getline(os.path.join(os.path.realpath(root), path), line).strip()
+    source = linecache.getline(os.path.join(os.path.abspath(root), path), line).strip()
     if len(source) > QUOTED_CHARS:
         source = source[:QUOTED_CHARS].rstrip() + "..."
     quoted = f": `{source}`" if source else ""
@@ -110,10 +131,14 @@ def _chain(exc: BaseException) -> list:
 
 def _inside(path, root) -> str | None:
     """`path` relative to `root` when it is a file under it, else None."""
-    if not path:
+    if not path or path.startswith("<"):
         return None
-    root, path = os.path.realpath(root), os.path.realpath(path)
-    return os.path.relpath(path, root) if path.startswith(root + os.sep) else None
+    # as imported first (a file a link of the submission leads to keeps its place in it), then resolved
+    for resolve in (os.path.abspath, os.path.realpath):
+        base, full = resolve(root), resolve(path)
+        if full.startswith(base + os.sep):
+            return os.path.relpath(full, base)
+    return None
 
 
 def _caller(place: tuple, innermost_path: str) -> str:

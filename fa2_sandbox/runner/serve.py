@@ -14,7 +14,6 @@ import re
 import sys
 import tempfile
 import time
-import traceback
 from pathlib import Path
 
 # Trusted modules load before the submission's root joins sys.path, so a student package
@@ -22,7 +21,7 @@ from pathlib import Path
 import torch
 
 from fa2_sandbox.runner import cpu_profile, distributed_ops, flash_call, input_changes, instruments
-from fa2_sandbox.runner.errors import describe, import_failure
+from fa2_sandbox.runner.errors import describe, format_traceback, import_failure
 from fa2_sandbox.runner.ranks import RankPool
 from fa2_sandbox.wire import course_env, outcomes, requests
 from fa2_sandbox.wire import tensors as wire_tensors
@@ -260,7 +259,7 @@ class Runner:
                     raise
                 result["backward_error"] = {
                     "status": outcomes.NOT_ATTEMPTED if isinstance(exc, NotImplementedError) else outcomes.ERROR,
-                    "message": describe(exc, self.root), "traceback": traceback.format_exc(limit=-8)}
+                    "message": describe(exc, self.root), "traceback": format_traceback(exc, self.root)}
             else:
                 tensors.update({name: flash_call.as_returned(g) for name, g in zip(("dq", "dk", "dv"), grads)
                                 if g is not None})
@@ -399,7 +398,7 @@ class Runner:
                 reply = {"event": "done", "status": outcomes.NOT_ATTEMPTED, "message": str(exc)}
             except BaseException as exc:  # the student's exception, SystemExit included
                 reply = {"event": "done", "status": outcomes.ERROR, "message": describe(exc, self.root),
-                         "traceback": traceback.format_exc(limit=-8)}
+                         "traceback": format_traceback(exc, self.root)}
                 oom = out_of_memory(exc)
                 if oom or cuda_broken(exc):  # the harness restarts this runner
                     reply.update(oom=oom, restart=True, gpu_allowance=allowance)
@@ -432,7 +431,7 @@ def main() -> None:
         except Exception:
             advice = None
         error = import_failure(config["adapters_file"], exc, root) + (f". {advice}" if advice else "")
-        channel.send({"event": "ready", "import_error": error, "traceback": traceback.format_exc(limit=-8)})
+        channel.send({"event": "ready", "import_error": error, "traceback": format_traceback(exc, root)})
         return
     functions = sorted(name for name in dir(module) if name.startswith(("get_", "ddp_", "fsdp_")))
     hello = {"event": "ready", "import_error": None, "functions": functions, "cuda": torch.cuda.is_available(),
