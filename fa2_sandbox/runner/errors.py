@@ -1,5 +1,6 @@
 """One line for an exception a submission raised, as the reports show it. Used by the runner and
 by its ranks; imports nothing heavy, so tests can call it in their own process."""
+import inspect
 import linecache
 import os
 import sys
@@ -172,12 +173,33 @@ def _compile_places(chain: list, root) -> list:
         if not isinstance(src, str) or getattr(node, "lineno", None) is None:
             continue
         kernel = next((k for k in kernels if k.src is src), None) or next((k for k in kernels if k.src == src), None)
-        path = _inside(kernel.file_name, root) if kernel is not None else None
+        path = _inside(_file(kernel), root) if kernel is not None else None
         if path is None:
             continue
+        def_line = _def_line(kernel)
+        if def_line is None:
+            continue
         # node.lineno counts from the `def` line (1), so the file's line is the def's plus it, less one
-        places.append((path, kernel.def_file_line_number + node.lineno - 1, _name(kernel)))
+        places.append((path, def_line + node.lineno - 1, _name(kernel)))
     return places
+
+
+def _file(kernel) -> str | None:
+    """The kernel's file: Triton's record of it, or its Python function's own."""
+    return getattr(kernel, "file_name", None) or getattr(getattr(getattr(kernel, "fn", None), "__code__", None),
+                                                         "co_filename", None)
+
+
+def _def_line(kernel) -> int | None:
+    """The file's line of the kernel's `def`: Triton's own record of it, or, in a Triton that keeps
+    only the first line of the decorators (starting_line_number), counted from there."""
+    if isinstance(getattr(kernel, "def_file_line_number", None), int):
+        return kernel.def_file_line_number
+    try:
+        lines, first = inspect.getsourcelines(kernel.fn)
+    except (AttributeError, OSError, TypeError):
+        return None
+    return next((first + i for i, line in enumerate(lines) if line.lstrip().startswith("def ")), None)
 
 
 def _interpreted_places(chain: list, root) -> list:
@@ -217,8 +239,7 @@ def _unwrap(value, depth: int = 4):
     need not import Triton."""
     for _ in range(depth):
         try:
-            if isinstance(getattr(value, "src", None), str) and hasattr(value, "def_file_line_number") \
-                    and hasattr(value, "file_name"):
+            if isinstance(getattr(value, "src", None), str) and callable(getattr(value, "parse", None)):
                 return value
             value = getattr(value, "fn", None)
         except Exception:  # a student's object whose attributes raise: not a kernel

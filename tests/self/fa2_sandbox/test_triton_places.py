@@ -147,3 +147,22 @@ def test_the_quoted_line_is_not_read_as_the_reason():
                "on the GPU`: AssertionError: Both operands must be same dtype. Got fp32 and bf16")
     assert not names_head_dim(message, "", 48)
     assert not machine_error(message, "")
+
+
+def test_a_triton_that_keeps_only_the_decorators_line_still_finds_the_def():
+    """An older Triton's JITFunction has starting_line_number (the first decorator's line) and no
+    def_file_line_number: the def's line is counted from the function's own source."""
+    import functools
+    import inspect
+    from types import SimpleNamespace
+
+    from fa2_sandbox.runner.errors import _def_line
+
+    @functools.lru_cache
+    @functools.lru_cache
+    def kernel():
+        pass
+
+    lines, first = inspect.getsourcelines(kernel.__wrapped__.__wrapped__)
+    assert _def_line(SimpleNamespace(fn=kernel.__wrapped__.__wrapped__)) == first + 2
+    assert _def_line(SimpleNamespace(def_file_line_number=41)) == 41
