@@ -17,7 +17,7 @@ def describe(exc: BaseException, root=None) -> str:
     """'TypeName: first line', with what the first line leaves out when it is only a place. With
     `root` (the submission's folder), a Triton error inside a kernel names the file under `root`,
     the line and its source instead of Triton's own position (triton_place)."""
-    if root is not None and (place := triton_place(exc, root)):
+    if root is not None and (place := _safe_triton_place(exc, root)):
         return place
     if isinstance(exc, SystemExit):
         return f"SystemExit: sys.exit({exc.code!r}) was called"
@@ -119,6 +119,15 @@ def triton_place(exc: BaseException, root) -> str | None:
         source = source[:QUOTED_CHARS].rstrip() + "..."
     quoted = f": `{source}`" if source else ""
     return f"{type(exc).__name__}: {where}{quoted}: {_reason(chain)}"
+
+
+def _safe_triton_place(exc: BaseException, root) -> str | None:
+    """triton_place, or None where finding the place fails: it reads the student's objects (their
+    kernels, modules and frames), and a sentence must come whatever they hold."""
+    try:
+        return triton_place(exc, root)
+    except Exception:
+        return None
 
 
 def _chain(exc: BaseException) -> list:

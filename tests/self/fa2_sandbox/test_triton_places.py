@@ -166,3 +166,15 @@ def test_a_triton_that_keeps_only_the_decorators_line_still_finds_the_def():
     lines, first = inspect.getsourcelines(kernel.__wrapped__.__wrapped__)
     assert _def_line(SimpleNamespace(fn=kernel.__wrapped__.__wrapped__)) == first + 2
     assert _def_line(SimpleNamespace(def_file_line_number=41)) == 41
+
+
+def test_a_place_that_cannot_be_found_leaves_the_plain_sentence(monkeypatch, tmp_path):
+    """Finding the place reads the student's objects; where that raises, the error keeps its own
+    one-line sentence instead of taking the runner's reply down with it."""
+    from fa2_sandbox.runner import errors
+
+    def broken(exc, root):
+        raise RuntimeError("a kernel object that raises when read")
+
+    monkeypatch.setattr(errors, "triton_place", broken)
+    assert errors.describe(ValueError("at 3:4: bad"), tmp_path) == "ValueError: at 3:4: bad"
