@@ -115,14 +115,27 @@ def account(ledger: ProcessLedger, cpu_log: Path, timeline: Path, busy_core_s: f
             elsewhere[p["role"]] += total
         else:  # the machine's other processes: the device's agent, kernel threads, this bench
             outside[p["role"]] += total
+    caches = compile_caches(profiles)
     submissions = {name: {**{k: round(v, 1) for k, v in row.items()}, "total": round(sum(row.values()), 1),
-                          **spans_of(schedule, name)} for name, row in rows.items()}
+                          **spans_of(schedule, name), "compile_cache": caches.get(name, {})}
+                   for name, row in rows.items()}
     accounted = sum(s["total"] for s in submissions.values()) + sum(elsewhere.values()) + sum(outside.values())
     return {"submissions": dict(sorted(submissions.items(), key=lambda kv: -kv[1]["total"])),
             "everything_else": {k: round(v, 1) for k, v in sorted(elsewhere.items(), key=lambda kv: -kv[1])},
             "accounted_core_s": round(accounted, 1), "busy_core_s": round(busy_core_s, 1) if busy_core_s else None,
             "outside_the_run": {k: round(v, 1) for k, v in sorted(outside.items(), key=lambda kv: -kv[1])},
             "columns": list(COLUMNS)}
+
+
+def compile_caches(profiles: dict) -> dict:
+    """submission -> torch.compile's cache hits and misses summed over its runners (each runner's
+    last totals, cpu_profile.CACHE_COUNTERS); a submission whose runners never imported it has none."""
+    caches = defaultdict(lambda: defaultdict(int))
+    for submission, totals in profiles.values():
+        for _, key in cpu_profile.CACHE_COUNTERS:
+            if key in totals:
+                caches[submission][key] += int(totals[key])
+    return {name: dict(counts) for name, counts in caches.items() if any(counts.values())}
 
 
 def split_runner(row: dict, measured: float, totals: dict) -> None:
@@ -172,6 +185,12 @@ def print_account(name: str, report: dict) -> None:
               f"{report['accounted_core_s'] / busy:.1%} of it, the run's alone "
               f"{(report['accounted_core_s'] - outside) / busy:.1%}")
     print(f"{name}: per submission on average {total / max(1, len(subs)):.0f} core-s")
+    cached = {sub.split("__")[0]: row["compile_cache"] for sub, row in subs.items() if row.get("compile_cache")}
+    if cached:
+        print(f"{name}: torch.compile's caches, hits/misses over each submission's runners (FX graph; AOTAutograd): "
+              + ", ".join(f"{sub} {c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}; "
+                          f"{c.get('autograd_cache_hit', 0)}/{c.get('autograd_cache_miss', 0)}"
+                          for sub, c in cached.items()))
 
 
 def compare_accounts(runs: list) -> list:

@@ -6,6 +6,10 @@ and charges what was used since its last look to what the runner was doing then,
 Python stacks show it. Each thread's stack names one activity; the busiest-looking one wins, in
 the order of ACTIVITIES. A sample costs tens of microseconds, a fraction of a percent of a core.
 
+With them go torch.compile's cache counters (CACHE_COUNTERS), where the submission imported it: whether
+its graphs were found in the cache the submission's earlier runners left (harness/kernel_cache.py)
+or compiled again, which the CPU seconds alone do not tell.
+
 The runner sends the totals with every reply; the bench scales them to the CPU that /proc counts
 for the process, so a charge that lands on the wrong activity moves seconds between columns, never
 the total.
@@ -23,6 +27,9 @@ STUDENT = "student calls"       # a frame of the submission on the stack
 WAITING = "waiting for the GPU"  # in torch.cuda.synchronize (a busy wait on some drivers)
 OWN = "runner's own"            # making inputs, copying and saving tensors, messages
 ACTIVITIES = (STARTING, COMPILING, WATCHING, STUDENT, WAITING, OWN)
+# (torch._dynamo.utils.counters' group, its key): the FX graph cache and the AOTAutograd cache.
+CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
+                  ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))
 
 # Files (and, where a file also runs compiled code, its functions) that compile or autotune.
 COMPILE_FILES = ("/triton/compiler/", "/triton/backends/", "/triton/testing.py", "/torch/_dynamo/convert_frame.py",
@@ -54,7 +61,8 @@ class Profile:
         """Core-seconds by activity so far, and the process's CPU time they add up to."""
         self._charge()
         with self._lock:
-            return {**{k: round(v, 3) for k, v in self.seconds.items()}, "process": round(self._last, 3)}
+            return {**{k: round(v, 3) for k, v in self.seconds.items()}, "process": round(self._last, 3),
+                    **cache_counts()}
 
     def _run(self) -> None:
         while True:
@@ -95,3 +103,13 @@ class Profile:
         if inner.co_name == "synchronize" and "/torch/cuda/" in inner.co_filename:
             return WAITING
         return OWN
+
+
+def cache_counts() -> dict:
+    """torch.compile's cache hits and misses in this process so far; nothing where it was never
+    imported (reading the counters must not import torch._dynamo)."""
+    utils = sys.modules.get("torch._dynamo.utils")
+    counters = getattr(utils, "counters", None)
+    if counters is None:
+        return {}
+    return {key: int(counters.get(group, {}).get(key, 0)) for group, key in CACHE_COUNTERS}

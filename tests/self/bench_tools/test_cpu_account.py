@@ -197,3 +197,35 @@ def test_runs_are_compared_on_the_submissions_every_run_finished():
     after = run(["alice", "bob"], {"alice": 40.0, "bob": 240.0, "carol": 10.0})
     assert compare_accounts([before, after]) == [("bob", [300.0, 240.0], pytest.approx(-0.2)),
                                                  ("alice", [100.0, 40.0], pytest.approx(-0.6))]
+
+
+def test_torch_compiles_cache_counts_are_summed_over_a_submissions_runners(tmp_path):
+    """Each runner's last totals carry its torch.compile cache counts (cpu_profile.cache_counts):
+    a submission's are the sum over its runners, and a submission whose runners never imported
+    torch.compile has none."""
+    samples = [(99.0, family()), (101.0, {**family(), 11: proc(10, 4.0, RUNNER), 12: proc(10, 3.0, RUNNER),
+                                          13: proc(10, 1.0, RUNNER)})]
+    first = profile(pid=11, process=4.0, compiling=4.0, fxgraph_cache_miss=3, autograd_cache_miss=1)
+    second = profile(pid=12, process=3.0, compiling=3.0, fxgraph_cache_hit=2, fxgraph_cache_miss=1,
+                     autograd_cache_hit=1)
+    other = profile(pid=13, submission="bob", process=1.0)
+    subs = account_of(tmp_path, samples, [first, second, other])["submissions"]
+    assert subs["alice"]["compile_cache"] == {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 4,
+                                              "autograd_cache_hit": 1, "autograd_cache_miss": 1}
+    assert subs["bob"]["compile_cache"] == {}
+    assert subs["alice"]["total"] == 7.0  # the counts are not core-seconds
+
+
+def test_the_runner_reads_torch_compiles_counters_without_importing_them(monkeypatch):
+    import sys
+
+    from fa2_sandbox.runner import cpu_profile
+    monkeypatch.delitem(sys.modules, "torch._dynamo.utils", raising=False)
+    assert cpu_profile.cache_counts() == {}
+    assert "torch._dynamo.utils" not in sys.modules
+
+    class Utils:
+        counters = {"inductor": {"fxgraph_cache_hit": 2}}
+    monkeypatch.setitem(sys.modules, "torch._dynamo.utils", Utils)
+    assert cpu_profile.cache_counts() == {"fxgraph_cache_hit": 2, "fxgraph_cache_miss": 0,
+                                          "autograd_cache_hit": 0, "autograd_cache_miss": 0}
