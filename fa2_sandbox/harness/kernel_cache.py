@@ -61,7 +61,7 @@ def kept_inductor_cache(submission_root: Path) -> Path:
     skips lowering and code generation, and traces with dynamo only. Unlike a Triton autotuning
     result, what the inductor generates masks every tile at every length, so sharing it across
     tracks cannot turn a correct kernel into one that reads past the end."""
-    key = hashlib.sha256(f"{os.path.realpath(submission_root)}".encode()).hexdigest()[:24]
+    key = hashlib.sha256(os.path.realpath(submission_root).encode()).hexdigest()[:24]
     return cache_root() / "inductor" / key
 
 
