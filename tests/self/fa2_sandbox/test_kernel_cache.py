@@ -152,22 +152,32 @@ def test_torch_compile_output_is_kept_for_the_submissions_next_runner(tmp_path, 
 
 def test_a_kept_inductor_cache_is_hit_from_another_folder(tmp_path):
     """torch.compile's caches hold no absolute path of the folder that wrote them: a graph compiled
-    in one runner's folder, taken back and brought into another's, is found there (a cache hit),
-    not compiled again."""
+    in one runner's folder, taken back and brought into another's, and the first folder removed,
+    is found there (a cache hit), not compiled again. One process, its in-memory caches cleared
+    between the two compiles, so only the second folder's files can answer."""
     script = tmp_path / "compiled.py"
     script.write_text(
+        "import os, shutil, sys\n"
+        "from pathlib import Path\n"
         "import torch\n"
         "from torch._dynamo.utils import counters\n"
-        "f = torch.compile(lambda q, k: torch.softmax(q @ k.T, -1).sum(), fullgraph=True)\n"
-        "f(torch.randn(8, 4), torch.randn(8, 4))\n"
-        "print(counters['inductor']['fxgraph_cache_hit'], counters['inductor']['fxgraph_cache_miss'])\n")
-
-    def compile_in(folder: Path) -> list:
-        env = {**os.environ, "TORCHINDUCTOR_CACHE_DIR": str(folder)}
-        out = subprocess.run([sys.executable, str(script)], env=env, capture_output=True, text=True, check=True)
-        return [int(n) for n in out.stdout.split()]
-
-    assert compile_in(tmp_path / "first") == [0, 1]
-    kernel_cache.take_back(tmp_path / "first", tmp_path / "kept", kernel_cache.is_inductor_entry)
-    kernel_cache.bring_in(tmp_path / "kept", tmp_path / "second", None)
-    assert compile_in(tmp_path / "second") == [1, 0]
+        "from torch._inductor.codecache import PyCodeCache\n"
+        "from fa2_sandbox.harness import kernel_cache\n"
+        "base = Path(sys.argv[1])\n"
+        "def compile_in(folder):\n"
+        "    os.environ['TORCHINDUCTOR_CACHE_DIR'] = str(folder)\n"
+        "    torch._dynamo.reset()\n"
+        "    PyCodeCache.cache_clear()\n"
+        "    counters.clear()\n"
+        "    f = torch.compile(lambda q, k: torch.softmax(q @ k.T, -1).sum(), fullgraph=True)\n"
+        "    f(torch.randn(8, 4), torch.randn(8, 4))\n"
+        "    print(counters['inductor']['fxgraph_cache_hit'], counters['inductor']['fxgraph_cache_miss'])\n"
+        "compile_in(base / 'first')\n"
+        "kernel_cache.take_back(base / 'first', base / 'kept', kernel_cache.is_inductor_entry)\n"
+        "kernel_cache.bring_in(base / 'kept', base / 'second', None)\n"
+        "shutil.rmtree(base / 'first')\n"
+        "compile_in(base / 'second')\n")
+    env = {**os.environ, "PYTHONPATH": str(PROJECT_ROOT)}
+    out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
+                         check=True)
+    assert [line.split() for line in out.stdout.splitlines()] == [["0", "1"], ["1", "0"]]
