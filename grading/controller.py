@@ -20,7 +20,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa2_sandbox.harness import shared_probe, vec_isa_probe
+from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.harness.client import runner_memory_limit
 from fa2_sandbox.wire import outcomes
 from grading.check import CheckIdentity, submission_of
@@ -75,7 +75,6 @@ class ControllerPlugin:
         self.durations = Durations()
         self.runner_seen = set()
         self.probe = None  # the isolation probe the workers share (shared_probe.py)
-        self.vec_isa = None  # where torch.compile's CPU probe answers, shared likewise (vec_isa_probe.py); "" for none
         self.failures_not_shown = False  # pytest's FAILURES section left to the reports
         self.no_checks = False  # this session collected no check, so it writes nothing
         self.scheduler = None  # under xdist: grading/scheduler.py's, which says what it spread
@@ -111,8 +110,7 @@ class ControllerPlugin:
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
         """xdist: every worker draws its inputs from the controller's seed, and takes the sandbox's
-        isolation and torch.compile's CPU instruction sets from probes the controller runs once
-        while they start."""
+        isolation from one probe the controller runs while they start."""
         node.workerinput["grading_seed"] = self.state.seed
         if self.state.spent is not None:  # each submission's time (--time-limit)
             node.workerinput["grading_spent"] = str(self.state.spent.folder)
@@ -122,13 +120,6 @@ class ControllerPlugin:
             shared_probe.start(path, tempfile.gettempdir(), limit)
             self.probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
         node.workerinput["isolation_probe"] = self.probe
-        if self.vec_isa is None:
-            self.vec_isa = ""
-            if vec_isa_probe.worth_probing(self.state.submissions):
-                path = Path(tempfile.mkdtemp(prefix="fa2-vec-isa-")) / "answer.json"
-                vec_isa_probe.start(path)
-                self.vec_isa = str(path)
-        node.workerinput["vec_isa_probe"] = self.vec_isa
         if self.identities_folder is None:
             self.identities_folder = Path(tempfile.mkdtemp(prefix="fa2-identities-"))
         node.workerinput["grading_identities"] = str(self.identities_folder / f"{node.gateway.id}.json")
@@ -345,8 +336,6 @@ class ControllerPlugin:
         self.show_waiting_lines(self.config.pluginmanager.get_plugin("terminalreporter"), run_over=True)
         if self.probe:
             shutil.rmtree(Path(self.probe["path"]).parent, ignore_errors=True)
-        if self.vec_isa:
-            shutil.rmtree(Path(self.vec_isa).parent, ignore_errors=True)
         if self.identities_folder is not None:
             shutil.rmtree(self.identities_folder, ignore_errors=True)
         if self.state.spent is not None:  # after its workers: they add to it to the end

@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa2_sandbox.harness import kernel_cache, vec_isa_probe
+from fa2_sandbox.harness import kernel_cache
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
@@ -57,9 +57,6 @@ class Grading:
             self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
                                    else tempfile.mkdtemp(prefix="fa2-spent-"))
         self.seed = grading_seed(config, self.reports)
-        # torch.compile's CPU probe, run once by the controller (vec_isa_probe.py); None for none.
-        self.vec_isa_answer = Path(answer) if (answer := getattr(config, "workerinput", {}).get("vec_isa_probe")) \
-            else None
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.
@@ -101,13 +98,11 @@ class Grading:
 
     def worker_env(self) -> dict:
         """What a runner of this worker gets besides the harness's own environment: the Triton
-        interpreter without a GPU, this worker's GPU on a host of several, its share of the cores,
-        and the controller's answer to torch.compile's CPU probe once it has one."""
+        interpreter without a GPU, this worker's GPU on a host of several, its share of the cores."""
         env = {} if self.on_gpu else {"TRITON_INTERPRET": "1"}
         if (gpu := self.worker_gpu()) is not None:
             env["CUDA_VISIBLE_DEVICES"] = str(gpu)
         env["OMP_NUM_THREADS"] = str(self.threads)
-        env.update(vec_isa_probe.runner_env(self.vec_isa_answer))
         return env
 
     def worker_gpu(self):

@@ -35,11 +35,9 @@ READY_TIMEOUT_S = 180.0  # the server's imports, on a machine whose cores are al
 # a fork does not survive), so the server refused to fork at all.
 PRELOAD = ("torch", "triton", "numpy")
 PRELOAD_COMPILE = ("torch._dynamo",)
-# A runner's own folders: the server gets folders of its own instead, and each runner its own. And
-# the controller's answer to torch.compile's CPU probe, which comes while the workers run
-# (vec_isa_probe.py): a key of its own would start a second server.
+# A runner's own folders: the server gets folders of its own instead, and each runner its own.
 PER_RUNNER = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING",
-              "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH", "TORCHINDUCTOR_VEC_ISA_OK")
+              "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH")
 
 
 class ForkedProcess:

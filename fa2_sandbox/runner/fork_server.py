@@ -110,8 +110,6 @@ def become_runner(request: dict, fds: list, launcher) -> None:
         import site
         site.USER_BASE = site.USER_SITE = None
         site.getusersitepackages()  # from the runner's HOME, as its own start would have
-        if (inductor := sys.modules.get("torch._inductor.config")) is not None:  # read at its import, in the server
-            inductor.cpp.vec_isa_ok = {"1": True, "0": False}.get(os.environ.get("TORCHINDUCTOR_VEC_ISA_OK"))
         if "numpy.random" in sys.modules:  # its global generator, seeded at its import (`random` reseeds itself)
             sys.modules["numpy.random"].seed()
         sys.argv = ["fa2_sandbox.runner.serve", str(reads), str(writes)]

@@ -242,30 +242,6 @@ def test_forked_runners_draw_numpy_numbers_of_their_own(tmp_path, monkeypatch):
     assert len(draws) == 2 and draws[0] != draws[1], draws
 
 
-def test_inductor_takes_the_runners_vec_isa_answer_not_the_servers(tmp_path, monkeypatch):
-    """torch._inductor.config reads TORCHINDUCTOR_VEC_ISA_OK at its import, which happened in the
-    server (it preloads torch.compile's front end on a GPU): a runner given the controller's answer
-    (vec_isa_probe.py) must see it in the config, one given none must probe, and both come from
-    one server, since the answer arrives while a worker's runners are already forked."""
-    monkeypatch.setattr(forked, "PRELOAD", (*forked.PRELOAD, "torch._inductor.config"))
-    env = {**ENV, "TORCH_FORK_SERVER_TEST": "inductor"}  # a server of its own (servers are per environment)
-    folder = tmp_path / "isa"
-    (folder / "tests").mkdir(parents=True)
-    (folder / "tests" / "adapters.py").write_text(
-        "import torch._inductor.config as c\nprint('ISA', c.cpp.vec_isa_ok, flush=True)\n")
-    seen = []
-    for extra in ({"TORCHINDUCTOR_VEC_ISA_OK": "1"}, {}):
-        runner = SubmissionRunner(load_submission(folder), env={**env, **extra}, import_timeout=60)
-        try:
-            assert runner.start().get("import_error") is None, runner.log_tail()
-            assert isinstance(runner.process, forked.ForkedProcess)
-            seen += [line for line in runner.log_tail().splitlines() if line.startswith("ISA")]
-        finally:
-            runner.close()
-    assert seen == ["ISA True", "ISA None"], seen
-    assert sum("inductor" in key for key in forked._servers) == 1, list(forked._servers)
-
-
 def test_fork_server_off_gives_an_exec_d_runner_confined_the_same(spied, monkeypatch):
     """With GRADER_FORK_SERVER=off a new runner is a subprocess.Popen and still answers; what it
     sees of its confinement (limits, root, uid, oracle, environment, sys.path) is what the forked
