@@ -134,8 +134,15 @@ class ControllerPlugin:
 
         pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
         self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1,
-                                           on_steal=lambda steal: self.say(steal.line()), identities=self.identities)
+                                           on_steal=lambda steal: self.say(steal.line()), identities=self.identities,
+                                           on_promote=self.say)
         return self.scheduler
+
+    def pytest_runtest_logstart(self, nodeid, location):
+        """xdist passes on each worker's start of a test: a Triton check that runs long moves its
+        submission's Triton tracks up the queue (GradingScheduling.started)."""
+        if self.scheduler is not None:
+            self.scheduler.started(nodeid)
 
     def pytest_sessionstart(self, session):
         if not self.config.option.pyargs and not any(reaches_checks(self.config, arg) for arg in self.config.args):

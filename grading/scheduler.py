@@ -15,6 +15,15 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
 - Timing groups (one check each, a few seconds of which hold the GPU alone) went out last, and
   queued behind each other. Here they are spread through the queue, and at most TIMING_PER_GPU are
   in progress on one GPU at a time.
+- A submission whose Triton slot is slow at every case began its Triton tracks in the queue's
+  second half all the same, and its minute-long cases (a torch.compile over Python loops of tiles,
+  which dynamo unrolls for each shape; a forward and backward timed out at 300 s each) ended a class
+  minutes after the rest (notes/grading-speed.md, "the tail, check by check"). Here a Triton check
+  still running PROMOTE_S after it started marks its submission slow, and the submission's queued
+  Triton tracks go to the head of the queue, in their order. Only the Triton slot's checks count:
+  a torch.compile'd PyTorch slot takes a minute at its first case on the CPU in half the class, and
+  every Triton track first, tried, made every submission compile at once and ended the class later
+  ("Triton first"). A promoted track is not split earlier: split parts compile again.
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -22,15 +31,20 @@ and holds the next one back until it has another or a shutdown. So a worker is i
 and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
 never given a test holds none back: it waits, free, for a group to prove slow.
 """
+import time
 from collections import Counter
 from typing import NamedTuple
 
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 
+from grading.tracks import KINDS
+
 TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
 RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and the one it holds next
+PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow (about 3x a
+# correct kernel's memory check at 16384, compiling included, in a class on one GPU)
 
 
 class Steal(NamedTuple):
@@ -59,7 +73,8 @@ class GradingScheduling(LoadGroupScheduling):
     tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
-                 steal_min_s: float | None = None, on_steal=None, identities: dict | None = None):
+                 steal_min_s: float | None = None, on_steal=None, identities: dict | None = None,
+                 promote_after_s: float | None = None, on_promote=None, clock=time.monotonic):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
@@ -77,6 +92,12 @@ class GradingScheduling(LoadGroupScheduling):
         # come in (ControllerPlugin.pytest_xdist_node_collection_finished); none for other tests.
         self.identities = identities if identities is not None else {}
         self.timing_groups = set()  # the groups of timing tracks, known once the collection is
+        self.promote_after_s = PROMOTE_S if promote_after_s is None else promote_after_s
+        self.on_promote = on_promote  # called with a line for each promotion (the plugin prints it)
+        self.clock = clock
+        self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
+        self.slow = set()  # submissions a Triton check has proved slow: moved up once
+        self.promotions = []  # the line of each move, saying why
 
     def shared_call(self, nodeid: str) -> str:
         """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
@@ -175,12 +196,45 @@ class GradingScheduling(LoadGroupScheduling):
         seconds = self.completed.setdefault(self._split_scope(nodeid), [0.0, 0])
         seconds[0] += duration
         seconds[1] += 1
+        self.in_flight.pop(nodeid, None)
+        self._promote_slow()
         self._reschedule(node)
 
     def remove_node(self, node):
         if self.request is not None and self.request.victim is node:  # a dead worker answers nothing
             self.request = None
         return super().remove_node(node)  # a crashed worker's undone units go back to the queue
+
+    # -- promoting a slow submission's Triton tracks -----------------------------------------
+    def started(self, nodeid: str) -> None:
+        """A worker began a test (xdist's logstart, which the controller passes on)."""
+        self.in_flight[nodeid] = self.clock()
+        self._promote_slow()
+
+    def _promote_slow(self) -> None:
+        now = self.clock()
+        for nodeid, began in list(self.in_flight.items()):
+            identity = self.identities.get(nodeid)
+            if identity is None or now - began < self.promote_after_s or identity.submission in self.slow:
+                continue
+            if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]):
+                continue
+            self.slow.add(identity.submission)
+            moved = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, identity.submission)]
+            if not moved:  # all of them handed out already
+                continue
+            for key in reversed(moved):
+                self.workqueue.move_to_end(key, last=False)
+            line = (f"{identity.submission}: {len(moved)} Triton track(s) moved to the head of the queue, since "
+                    f"{nodeid.split('::')[-1].split('@')[0]} had run {now - began:.0f} s")
+            self.promotions.append(line)
+            self.log(line)
+            if self.on_promote is not None:
+                self.on_promote(line)
+
+    def _is_triton_of(self, unit: dict, submission: str) -> bool:
+        identity = self.identities.get(next(iter(unit), None))
+        return identity is not None and identity.submission == submission and identity.track.kind is KINDS["triton"]
 
     # -- sharing a slow group ----------------------------------------------------------------
     def _share_the_rest(self) -> None:

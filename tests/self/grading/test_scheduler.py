@@ -98,10 +98,15 @@ def start(collection: list, workers: int, **options):
     return scheduler, nodes, sent
 
 
-def run(scheduler, nodes, seconds, stop=None, now=0.0) -> float:
+def run(scheduler, nodes, seconds, stop=None, now=0.0, logstart=False) -> float:
     """Run the class to its end as xdist would, each test taking seconds(nodeid); the time it took.
-    With `stop`, until stop() is true (a steal asked for and not yet answered, say)."""
+    With `stop`, until stop() is true (a steal asked for and not yet answered, say). With
+    `logstart`, the scheduler hears of each test's start, as the controller passes it on, on the
+    run's own clock."""
     collection = scheduler.collection
+    clock = [now]
+    if logstart:
+        scheduler.clock = lambda: clock[0]
     while True:
         if stop is not None and stop():
             return now
@@ -111,12 +116,15 @@ def run(scheduler, nodes, seconds, stop=None, now=0.0) -> float:
         for node in nodes:
             if node.until is None and node.queue and (len(node.queue) >= 2 or node.shutting_down):
                 node.until, node.took = now + seconds(collection[node.queue[0]]), seconds(collection[node.queue[0]])
+                if logstart:
+                    scheduler.started(collection[node.queue[0]])
         busy = [node for node in nodes if node.until is not None]
         if not busy:
             break
         node = min(busy, key=lambda n: n.until)
         index, duration = node.queue.pop(0), node.took
         now, node.until = node.until, None
+        clock[0] = now
         node.ran.append(index)
         scheduler.mark_test_complete(node, index, duration)
         if scheduler.tests_finished:  # dsession.triggershutdown
@@ -233,6 +241,55 @@ def test_a_slow_groups_tail_is_stolen_by_an_idle_worker_and_completed_there():
         assert len({worker_of[nodeid_of(test, f"case{k}", SLOW)] for test in ("test_forward", "test_backward")}) == 1
     assert scheduler.tests_finished and not scheduler.has_pending
     assert took == 200.0  # against 240 s on gw0 alone
+
+
+def slow_triton_class():
+    """slow's Triton memory check (120 s) goes first, then eight quick submissions' PyTorch tracks
+    (60 s each), then the Triton tracks: slow's two (one case each, whose forward's call takes
+    200 s: no steal can split it) after quick0's (2 checks of 5 s)."""
+    collection = [nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "slow")]
+    collection += [t for k in range(8) for t in pairs("pytorch", 1, f"quick{k}")]
+    collection += pairs("triton-fp32-full", 1, "quick0")
+    collection += pairs("triton-bf16-full", 1, "slow") + pairs("triton-bf16-causal", 1, "slow")
+    return collection
+
+
+def slow_triton_seconds(nodeid):
+    if "slow" in nodeid:
+        return 120.0 if "memory" in nodeid else 200.0 if "test_forward" in nodeid else 0.0
+    return 30.0 if "pytorch" in nodeid else 5.0
+
+
+def test_a_triton_check_that_runs_long_moves_its_submissions_triton_tracks_up():
+    scheduler, nodes, sent = start(slow_triton_class(), 3)
+    took = run(scheduler, nodes, slow_triton_seconds, logstart=True)
+    order = groups_sent(scheduler, sent)
+    # Each of the three workers holds two groups from the start. At 60 s the memory check still
+    # runs: slow's Triton tracks go next, in their own order, before quick5 to quick7's PyTorch tracks.
+    assert order[:8] == ["slow/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + \
+        ["slow/triton-bf16-full", "slow/triton-bf16-causal"]
+    assert scheduler.promotions == ["slow: 2 Triton track(s) moved to the head of the queue, since "
+                                    "test_no_score_matrix[slow-triton-forward] had run 60 s"]
+    ran_once(scheduler, nodes)
+    # without the move, both of slow's Triton tracks wait behind every PyTorch track: 440 s, not 380
+    unmoved, nodes, _ = start(slow_triton_class(), 3, promote_after_s=1e9)
+    assert (took, run(unmoved, nodes, slow_triton_seconds, logstart=True)) == (380.0, 440.0)
+    assert not unmoved.promotions
+
+
+def test_only_the_triton_slot_running_long_moves_tracks():
+    """A PyTorch check of a minute (a torch.compile'd slot's first case on the CPU) says nothing of
+    the Triton slot; and a submission moves once."""
+    collection = pairs("pytorch", 1, "compiled") + [t for k in range(3) for t in pairs("pytorch", 1, f"quick{k}")]
+    collection += pairs("triton-bf16-full", 2, "compiled")
+    scheduler, nodes, sent = start(collection, 2)
+    run(scheduler, nodes, lambda nodeid: 90.0 if "compiled/pytorch" in nodeid else 30.0, logstart=True)
+    assert not scheduler.promotions and not scheduler.slow
+    assert groups_sent(scheduler, sent)[-1] == "compiled/triton-bf16-full"
+
+    scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=1.0)
+    run(scheduler, nodes, slow_triton_seconds, logstart=True)
+    assert len(scheduler.promotions) == 1 and scheduler.slow == {"slow"}
 
 
 def test_forward_and_backward_of_a_case_move_together():
