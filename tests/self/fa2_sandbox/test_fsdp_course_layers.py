@@ -17,6 +17,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[3]
 
 COURSE_MODEL = """
@@ -60,8 +62,8 @@ def get_fsdp(module, compute_dtype=None):
 """
 
 
-def write_submission(root: Path, adapters: str = ADAPTERS) -> Path:
-    sub = root / "course_layers_fsdp"
+def write_submission(root: Path, adapters: str = ADAPTERS, name: str = "course_layers_fsdp") -> Path:
+    sub = root / name
     for package in ("tests", "cs336_systems", "cs336_basics"):
         (sub / package).mkdir(parents=True)
         (sub / package / "__init__.py").write_text("")
@@ -75,28 +77,40 @@ def write_submission(root: Path, adapters: str = ADAPTERS) -> Path:
     return sub
 
 
-def fsdp_checks(sub: Path, reports: Path) -> dict:
-    """Grade `sub` for FSDP: {check name: its results.json test}."""
-    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0", f"--impl={sub}",
-               f"--reports={reports}", "-k", "fsdp", "--seed", "20261125"]
+def fsdp_checks(subs: list, reports: Path) -> dict:
+    """Grade `subs` for FSDP in one session: {submission: {check name: its results.json test}}."""
+    command = [sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q", "-n", "0",
+               *[f"--impl={sub}" for sub in subs], f"--reports={reports}", "-k", "fsdp", "--seed", "20261125"]
     run = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
-    results = reports / sub.name / "results.json"
-    assert results.is_file(), run.stdout[-3000:] + run.stderr[-2000:]
-    checks = {t["name"].split("::", 1)[1]: t for t in json.loads(results.read_text())["tests"]
-              if t["extra_data"]["part"] == "fsdp"}
-    assert set(checks) == {"fsdp::equivalence[fp32]", "fsdp::equivalence[fp16]", "fsdp::sharded[fp32]"}
-    return checks
+    graded = {}
+    for sub in subs:
+        results = reports / sub.name / "results.json"
+        assert results.is_file(), run.stdout[-3000:] + run.stderr[-2000:]
+        checks = {t["name"].split("::", 1)[1]: t for t in json.loads(results.read_text())["tests"]
+                  if t["extra_data"]["part"] == "fsdp"}
+        assert set(checks) == {"fsdp::equivalence[fp32]", "fsdp::equivalence[fp16]", "fsdp::sharded[fp32]"}
+        graded[sub.name] = checks
+    return graded
 
 
-def test_an_fsdp_of_the_course_layers_passes(tmp_path):
-    checks = fsdp_checks(write_submission(tmp_path), tmp_path / "reports")
+@pytest.fixture(scope="module")
+def graded(tmp_path_factory) -> dict:
+    """Both submissions graded in one session: each one's checks run in runners of its own and are
+    judged on its own, so sharing the session's start, collection and oracles changes no verdict."""
+    root = tmp_path_factory.mktemp("course-layers")
+    subs = [write_submission(root), write_submission(root, ADAPTERS_IGNORING_DTYPE, "course_layers_fsdp_fp32")]
+    return fsdp_checks(subs, root / "reports")
+
+
+def test_an_fsdp_of_the_course_layers_passes(graded):
+    checks = graded["course_layers_fsdp"]
     for name, t in checks.items():
         assert t["extra_data"]["outcome"] == "passed", f"{name}: {t['output']}"
         assert "built from cs336_basics.model's Embedding, Linear and RMSNorm" in t["output"], t["output"]
 
 
-def test_an_fsdp_that_ignores_compute_dtype_fails_fp16_only(tmp_path):
-    checks = fsdp_checks(write_submission(tmp_path, ADAPTERS_IGNORING_DTYPE), tmp_path / "reports")
+def test_an_fsdp_that_ignores_compute_dtype_fails_fp16_only(graded):
+    checks = dict(graded["course_layers_fsdp_fp32"])
     fp16 = checks.pop("fsdp::equivalence[fp16]")
     assert fp16["extra_data"]["outcome"] == "failed"
     assert fp16["output"].startswith("compute_dtype=float16 had no effect: the layers computed in float32"), \

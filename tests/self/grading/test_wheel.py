@@ -35,8 +35,10 @@ LEFT_OUT = {".git", "reports", "build", "corpus", ".speed", ".whl", ".pytest_cac
 
 
 def source_copy(to: Path) -> Path:
+    # A virtual environment inside the checkout (a newcomer's `python -m venv .venv`, torch and all)
+    # is no source of the wheel, and copying it cost more than building the wheel.
     def ignore(folder, names):
-        return [n for n in names if n in LEFT_OUT or n.endswith(".egg-info")]
+        return [n for n in names if n in LEFT_OUT or n.endswith(".egg-info") or Path(folder, n, "pyvenv.cfg").is_file()]
     shutil.copytree(ROOT, to, symlinks=True, ignore=ignore)
     return to
 
