@@ -5,6 +5,8 @@ submissions with the grading checks (grading/checks, collected from wherever the
 installed) and writes reports/. The options and the grading plugin come from
 grading/pytest_plugin.py, installed as a pytest11 entry point.
 """
+import os
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent
@@ -22,3 +24,18 @@ def pytest_ignore_collect(collection_path: Path, config):
     if not grading and path.is_relative_to(ROOT / "grading" / "checks"):
         return True
     return None
+
+
+def pytest_configure(config):
+    config._self_tests_started = time.monotonic()
+
+
+def pytest_terminal_summary(terminalreporter, exitstatus, config):
+    # The project's tests say how many workers `-n auto` gave them and the wall time they took, so
+    # that a run on another machine can be held against this one's; a grading run prints its own.
+    if config.getoption("--impl") or hasattr(config, "workerinput"):
+        return
+    workers = len(config.getoption("tx", None) or []) if config.getoption("dist", "no") != "no" else 0
+    seconds = time.monotonic() - config._self_tests_started
+    terminalreporter.write_line(f"the project's tests took {seconds:.0f} s on {workers or 'no'} xdist workers "
+                                f"({len(os.sched_getaffinity(0))} cores here)")

@@ -29,6 +29,8 @@ The table example x part -> caught / missed / ok is printed (see it with `pytest
 next to the reports (table.txt, with run.json and grader.log), and included in every failure
 message. FA2_EXAMPLES_ARGS adds words to the grading command, e.g. FA2_EXAMPLES_ARGS="-n 4";
 FA2_EXAMPLES_REPORTS=DIR judges the reports of an earlier class run instead (what .ci/run does).
+The tests that need the class run are marked demo_class: the README's test command leaves them
+out (grading the class takes most of its time budget), and .ci/run runs them on its demo class.
 """
 import fcntl
 import json
@@ -253,6 +255,7 @@ def test_examples_exist():
 
 
 @pytest.mark.slow
+@pytest.mark.demo_class
 def test_grading_run_finished(graded):
     run, verdicts, table, out = graded
     # None: the reports of an earlier class run, whose exit status .ci/run checked itself
@@ -263,6 +266,7 @@ def test_grading_run_finished(graded):
 
 
 @pytest.mark.slow
+@pytest.mark.demo_class
 @pytest.mark.parametrize("name", NAMES)
 def test_example(graded, name):
     run, verdicts, table, out = graded
