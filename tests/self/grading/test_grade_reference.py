@@ -14,7 +14,10 @@ from tests.self.grading.test_examples import demo_class_reports
 ROOT = Path(__file__).resolve().parents[3]
 
 
+# demo_class: CI judges its demo class's reference here; graded again in the README's test command,
+# it would cost that command a whole grading of the reference, which the README's first command is.
 @pytest.mark.slow
+@pytest.mark.demo_class
 def test_reference_scores_full_marks(tmp_path):
     # .ci/run's demo class (README.md's command, the reference among the examples), whose exit
     # status and pages .ci/run checks: this judges its reference, not a second grading of it.
