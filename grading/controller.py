@@ -135,7 +135,7 @@ class ControllerPlugin:
         pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
         self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1,
                                            on_steal=lambda steal: self.say(steal.line()), identities=self.identities,
-                                           on_promote=self.say)
+                                           on_promote=self.say, flash_timeout_s=self.state.rubric.timeout("flash"))
         return self.scheduler
 
     def pytest_runtest_logstart(self, nodeid, location):

@@ -43,6 +43,12 @@ from grading.tracks import KINDS
 TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
 RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and the one it holds next
+# A check still running after this share of the flash timeout is likely to time out, and is taken
+# as timed out already for what may be shared (timed_out): its runner will fail the group's larger
+# cases at once, where a thief's runner would wait out a timeout of its own for each. cherryni2022's
+# 1024-long cases, each a 300 s timeout, were stolen while its first one still ran, and every
+# thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
+LIKELY_TIMEOUT = 2 / 3
 PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow (about 3x a
 # correct kernel's memory check at 16384, compiling included, in a class on one GPU)
 
@@ -74,7 +80,8 @@ class GradingScheduling(LoadGroupScheduling):
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
                  steal_min_s: float | None = None, on_steal=None, identities: dict | None = None,
-                 promote_after_s: float | None = None, on_promote=None, clock=time.monotonic):
+                 promote_after_s: float | None = None, on_promote=None, clock=time.monotonic,
+                 flash_timeout_s: float = 300.0):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
@@ -95,6 +102,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.promote_after_s = PROMOTE_S if promote_after_s is None else promote_after_s
         self.on_promote = on_promote  # called with a line for each promotion (the plugin prints it)
         self.clock = clock
+        self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s
         self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
         self.promotions = []  # the line of each move, saying why
@@ -126,6 +134,17 @@ class GradingScheduling(LoadGroupScheduling):
             return
         group, size = identity.group, identity.case_size
         self.smaller_than[group] = min(size, self.smaller_than.get(group, size)) if size else 0
+
+    def share_limit(self, group: str) -> int | None:
+        """Only the group's cases smaller than this may be shared (None: any): the smallest that
+        timed out, or that has run for longer than likely_timeout_s and still runs."""
+        sizes = [self.smaller_than[group]] if group in self.smaller_than else []
+        now = self.clock()
+        for nodeid, began in self.in_flight.items():
+            identity = self.identities.get(nodeid)
+            if identity is not None and identity.group == group and now - began >= self.likely_timeout_s:
+                sizes.append(identity.case_size or 0)
+        return min(sizes) if sizes else None
 
     @property
     def tests_finished(self) -> bool:
@@ -269,7 +288,7 @@ class GradingScheduling(LoadGroupScheduling):
                 if group not in self.completed:  # only a completed check proves anything
                     continue
                 seconds, count = self.completed[group]
-                limit = self.smaller_than.get(group)
+                limit = self.share_limit(group)
                 mine = [nodeid for k, nodeid in queued if k == key
                         and (limit is None or (self.case_size(nodeid) or limit) < limit)]
                 left = len(mine) * seconds / count

@@ -360,6 +360,30 @@ def test_after_a_timeout_only_the_groups_smaller_cases_are_shared():
     ran_once(scheduler, nodes)
 
 
+def test_a_check_running_most_of_the_timeout_is_shared_around_as_timed_out():
+    """A 1024-long case runs 400 s from 40 s on: when the other worker runs out, at 300 s, it has run
+    past two thirds of a 300 s flash timeout, so the group's cases at least that large stay with its
+    runner, which fails them at once should it time out, and only the smaller ones are shared.
+    Without logstart (no check known to be running) the victim's larger cases go to the thief."""
+    sizes = [17, 1024, 33, 2048, 65, 4096, 129, 8192, 257, 16384]
+    cases = [f"bf16-{n}x{n}-d64-causal" for n in sizes]
+    collection = [nodeid_of("test_forward", case, SLOW, size=n * n * 64) for n, case in zip(sizes, cases)] + \
+        [nodeid_of("test_forward", f"case{k}", "pytorch", "bob") for k in range(30)]
+
+    def seconds(nodeid):
+        return 400.0 if cases[1] in nodeid else 40.0 if SLOW in nodeid else 10.0
+
+    def stolen_sizes(logstart):
+        scheduler, nodes, sent = start(collection, 2, promote_after_s=1e9)
+        run(scheduler, nodes, seconds, logstart=logstart)
+        ran_once(scheduler, nodes)
+        assert scheduler.steals
+        return {scheduler.case_size(scheduler.collection[i]) for i in nodes[1].ran if SLOW in scheduler.collection[i]}
+
+    assert max(stolen_sizes(logstart=True)) < 1024 * 1024 * 64
+    assert max(stolen_sizes(logstart=False)) > 1024 * 1024 * 64
+
+
 def test_a_timeout_of_a_check_without_a_size_keeps_its_group_whole():
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     scheduler.timed_out(nodeid_of("test_forward", "case0", SLOW))  # no flash case among its parameters
