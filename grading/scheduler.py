@@ -46,11 +46,11 @@ RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and th
 # A check still running after this share of the flash timeout is likely to time out, and is taken
 # as timed out already for what may be shared (timed_out): its runner will fail the group's larger
 # cases at once, where a thief's runner would wait out a timeout of its own for each. cherryni2022's
-# 1024-long cases, each a 300 s timeout, were stolen while its first one still ran, and every
-# thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
+# 1024-long cases, each waiting out the flash timeout, were stolen while its first one still ran, and
+# every thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
 LIKELY_TIMEOUT = 2 / 3
-PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow (about 3x a
-# correct kernel's memory check at 16384, compiling included, in a class on one GPU)
+PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow: well past
+# what a correct kernel's memory check at 16384 takes, compiling included, in a class on one GPU
 
 
 class Steal(NamedTuple):
@@ -222,6 +222,9 @@ class GradingScheduling(LoadGroupScheduling):
     def remove_node(self, node):
         if self.request is not None and self.request.victim is node:  # a dead worker answers nothing
             self.request = None
+        for unit in self.assigned_work.get(node, {}).values():  # its running test runs no longer
+            for nodeid in unit:
+                self.in_flight.pop(nodeid, None)
         return super().remove_node(node)  # a crashed worker's undone units go back to the queue
 
     # -- promoting a slow submission's Triton tracks -----------------------------------------
