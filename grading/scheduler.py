@@ -81,7 +81,7 @@ class GradingScheduling(LoadGroupScheduling):
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
                  steal_min_s: float | None = None, on_steal=None, identities: dict | None = None,
                  promote_after_s: float | None = None, on_promote=None, clock=time.monotonic,
-                 flash_timeout_s: float = 300.0):
+                 flash_timeout_s: float | None = None):
         super().__init__(config, log)
         self.log = log.gradingsched if log is not None else Producer("gradingsched")
         self.gpus = max(1, gpus)
@@ -102,7 +102,8 @@ class GradingScheduling(LoadGroupScheduling):
         self.promote_after_s = PROMOTE_S if promote_after_s is None else promote_after_s
         self.on_promote = on_promote  # called with a line for each promotion (the plugin prints it)
         self.clock = clock
-        self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s
+        # the rubric's flash timeout (the controller passes it); without it no running check counts as timed out
+        self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s if flash_timeout_s else float("inf")
         self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
         self.promotions = []  # the line of each move, saying why

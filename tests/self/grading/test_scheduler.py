@@ -374,7 +374,7 @@ def test_a_check_running_most_of_the_timeout_is_shared_around_as_timed_out():
         return 400.0 if cases[1] in nodeid else 40.0 if SLOW in nodeid else 10.0
 
     def stolen_sizes(logstart):
-        scheduler, nodes, sent = start(collection, 2, promote_after_s=1e9)
+        scheduler, nodes, sent = start(collection, 2, promote_after_s=1e9, flash_timeout_s=300.0)
         run(scheduler, nodes, seconds, logstart=logstart)
         ran_once(scheduler, nodes)
         assert scheduler.steals
