@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 from fa2_sandbox.wire import outcomes  # noqa: E402
 from grading.check import Check  # noqa: E402
 from grading.checks import test_distributed, test_fsdp  # noqa: E402
+from grading.declaration import declared_for  # noqa: E402
 from grading.session import Grading, TrackSession  # noqa: E402
 from grading.tracks import DISTRIBUTED  # noqa: E402
 
@@ -75,10 +76,10 @@ def expectations(submission) -> tuple:
 
 def run_check(state, submission, fn, params):
     """The check a test makes, run as the plugin runs it: (outcome, its sentence, the check's name)."""
-    made = []
+    made, declared = [], declared_for(fn, params, state.rubric)
 
-    def check(part, name, case="", tier="default"):
-        made.append(Check(submission, part, name, case, tier, state.rubric))
+    def check(case=""):
+        made.append(Check(submission, declared, case, state.rubric))
         return made[-1]
 
     try:
@@ -98,9 +99,9 @@ def sweep(state, submission, seeds, out):
     wanted = []  # (fn, params) of the requirement checks EXPECTED.yaml may speak of
     for module in MODULES:
         for test, fn, params in tests_of(module):
-            part, check, tier = module.check_of(test, params)
-            if not state.rubric.advice(state.rubric.group_of(part, check, tier)) \
-                    and any(matches(p.split("[", 1)[0], f"{part}::{check}") for p in must_fail + must_pass):
+            declared = declared_for(fn, params, state.rubric)
+            if not state.rubric.advice(declared.group) and any(
+                    matches(p.split("[", 1)[0], f"{declared.part}::{declared.check}") for p in must_fail + must_pass):
                 wanted.append((fn, params))
     if not wanted:
         return 0

@@ -4,11 +4,11 @@ Tests make one through the `check` fixture (grading/fixtures.py) and settle it w
 not_measured, not_here or settle_reply; a call that went wrong ends it by the outcome words of
 fa2_sandbox/wire/outcomes.py.
 
-What the grader keeps on a grading test besides (its identity, its group, the Check it made, the
-grader's errors of a test run again) is one TestState under the item's stash, set at collection by
-the worker's plugin (grading/worker.py). Its identity (CheckIdentity) is made once there, from the
-test's parameters, and travels as that value: the controller's scheduler reads it, never a string
-parsed back.
+What the grader keeps on a grading test besides (its identity, the check its module declares
+for it, the Check it made, the grader's errors of a test run again) is one TestState under the
+item's stash, set at collection by the worker's plugin (grading/worker.py). Its identity
+(CheckIdentity) is made once there, from the test's parameters, and travels as that value: the
+controller's scheduler reads it, never a string parsed back.
 """
 import re
 from dataclasses import dataclass
@@ -17,6 +17,7 @@ import pytest
 
 from fa2_sandbox.wire import course_env, outcomes
 from fa2_sandbox.wire.cases import FlashCase
+from grading.declaration import Declared
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
 from grading.tracks import Track, group_name
 
@@ -39,17 +40,6 @@ def check_id(item) -> str:
     return f"{item.module.__name__}::{item.name}"
 
 
-def declared_group(item, rubric) -> str:
-    """The rubric group of a grading test, known at collection: each checks module declares
-    `check_of(test, params)`, the (part, check, tier) its test's check names. A run stopped early
-    then knows the group of every check it never ran (grading/results/scoring.py)."""
-    declare = getattr(item.module, "check_of", None)
-    if declare is None:
-        raise TypeError(f"{item.module.__name__} declares no check_of(test, params): each checks module says "
-                        f"which check each of its tests makes, so that its group is known before it runs")
-    return rubric.group_of(*declare(item.originalname, item.callspec.params))
-
-
 def case_data(case) -> tuple:
     """(id, fields) of a check's case: a case id alone (fields {}), an object with `.id` and
     `.to_json()` (fa2_sandbox.wire.cases.FlashCase), whose fields become plain JSON data, or
@@ -65,15 +55,11 @@ class Check:
     """What one test found, as a CheckRecord (`.record`). Tests fill it through fail, ok, skip,
     update and settle_reply; the plugin settles it when the test's report comes."""
 
-    def __init__(self, submission, part, check, case, tier, rubric, declared=None):
+    def __init__(self, submission, declared: Declared, case, rubric):
         case_id, case_fields = case_data(case)
-        group = rubric.group_of(part, check, tier)
-        if declared is not None and group != declared:  # check_of and the test disagree: a grader bug
-            raise TypeError(f"the test makes a check of group {group}, but its module's check_of declares "
-                            f"{declared}: correct check_of")
-        self.record = CheckRecord(submission=submission.name, part=part, check=check, case=case_id,
-                                  case_fields=case_fields, tier=tier, group=group,
-                                  source=rubric.source(group), advice=rubric.advice(group))
+        self.record = CheckRecord(submission=submission.name, part=declared.part, check=declared.check,
+                                  case=case_id, case_fields=case_fields, tier=declared.tier, group=declared.group,
+                                  source=rubric.source(declared.group), advice=rubric.advice(declared.group))
         self.opening = ""  # what every verdict says first (preface)
         self.root = getattr(submission, "root", None)  # where its pyproject files are read (missing_folder)
 
@@ -187,7 +173,7 @@ class TestState:
     __test__ = False  # not a test class, whatever its name
 
     identity: CheckIdentity
-    group: str  # its rubric group, as its module declares it (declared_group)
+    declared: Declared  # the check it makes and its rubric group, as its module declares them
     check: Check | None = None  # what it found, once the `check` fixture made it
     first_error: str | None = None  # the grader's error that made the test run a second time
     errors: list | None = None  # both attempts' grader errors, when the second failed too

@@ -9,7 +9,6 @@ submission's info.json, and at the end assembles every submission's results.json
 reports and prints where the time went. Only this process writes under reports/
 (grading/results/store.py says which file is whose).
 """
-import json
 import os
 import shutil
 import tempfile
@@ -23,6 +22,7 @@ import torch
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.harness.client import runner_memory_limit
 from fa2_sandbox.wire import outcomes
+from grading import protocol
 from grading.check import CheckIdentity, submission_of
 from grading.durations import Durations
 from grading.results import scoring, store
@@ -111,18 +111,18 @@ class ControllerPlugin:
     def pytest_configure_node(self, node):
         """xdist: every worker draws its inputs from the controller's seed, and takes the sandbox's
         isolation from one probe the controller runs while they start."""
-        node.workerinput["grading_seed"] = self.state.seed
+        node.workerinput[protocol.SEED] = self.state.seed
         if self.state.spent is not None:  # each submission's time (--time-limit)
-            node.workerinput["grading_spent"] = str(self.state.spent.folder)
+            node.workerinput[protocol.SPENT] = str(self.state.spent.folder)
         if self.probe is None:
             path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
             limit = runner_memory_limit(node.workerinput["workercount"])  # what each worker's runners get
             shared_probe.start(path, tempfile.gettempdir(), limit)
             self.probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
-        node.workerinput["isolation_probe"] = self.probe
+        node.workerinput[protocol.PROBE] = self.probe
         if self.identities_folder is None:
             self.identities_folder = Path(tempfile.mkdtemp(prefix="fa2-identities-"))
-        node.workerinput["grading_identities"] = str(self.identities_folder / f"{node.gateway.id}.json")
+        node.workerinput[protocol.IDENTITIES] = str(self.identities_folder / f"{node.gateway.id}.json")
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_xdist_make_scheduler(self, config, log):
@@ -190,11 +190,9 @@ class ControllerPlugin:
     def pytest_xdist_node_collection_finished(self, node, ids):
         """Before xdist hands the ids to the scheduler: the worker's identities of them. Every worker
         collects the same tests (xdist checks it), so one worker's file is read, not one per worker."""
-        path = Path(node.workerinput["grading_identities"])
-        unknown = not all(i in self.identities for i in ids)
-        if unknown and path.is_file():  # none where the worker's collection stopped early (an error)
-            self.identities.update({nodeid: CheckIdentity.from_json(data)
-                                    for nodeid, data in json.loads(path.read_text()).items()})
+        if not all(i in self.identities for i in ids):
+            self.identities.update({nodeid: CheckIdentity.from_json(data) for nodeid, data
+                                    in protocol.read_identities(node.workerinput[protocol.IDENTITIES]).items()})
         if not any(self.submission_of_id(i) for i in ids) and not narrowed(self.config):
             self.stop_without_checks(f"{len(ids)} other test(s)" if ids else "nothing")
         if not self.pending:
@@ -224,21 +222,21 @@ class ControllerPlugin:
 
     # -- each report -------------------------------------------------------------------------
     def pytest_runtest_logreport(self, report):
-        sent = dict(report.user_properties)
-        if (collected := sent.get("grading_collected")) and not self.collected:
+        sent = protocol.received(report)
+        if (collected := sent.get(protocol.COLLECTED)) and not self.collected:
             for name, ids in collected["items"].items():
                 self.collected.setdefault(name, set()).update(ids)
             self.modules.update(collected["modules"])
             self.groups.update(collected.get("groups") or {})
             self.save_collected()
-        if facts := sent.get("grading_runner"):
+        if facts := sent.get(protocol.RUNNER):
             self.note_runner(facts)
-        if name := sent.get("grading_submission"):
-            self.durations.add(name, report.nodeid, report.duration, sent.get("grading_check"))
+        if name := sent.get(protocol.SUBMISSION):
+            self.durations.add(name, report.nodeid, report.duration, sent.get(protocol.CHECK))
             if report.start and report.stop:  # this session's span of the submission's tests: its wall clock
                 span = self.clock.setdefault(name, [report.start, report.stop])
                 span[:] = [min(span[0], report.start), max(span[1], report.stop)]
-        if (sent_record := sent.get("grading_check")) is None:
+        if (sent_record := sent.get(protocol.CHECK)) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 self.say(f"{report.nodeid}: failed without a result (worker crash?)")
             return

@@ -18,7 +18,8 @@ def session(request):
 
 @pytest.fixture
 def check(request, session, submission):
-    """Factory: check(part, name, case="", tier="default") -> Check, recorded for this test.
+    """Factory: check(case="") -> Check, recorded for this test: the check its module's `grading`
+    marker declares for it (part, name, tier: grading/declaration.py), on this case.
 
     case: the case's id (a str), or the case itself (a FlashCase: anything with `.id` and
     `.to_json()`), whose fields the record then carries as data, or (id, case) for both.
@@ -26,8 +27,8 @@ def check(request, session, submission):
     advice check whose turn comes after --time-limit is cut here."""
     state = request.node.stash[TEST_STATE]
 
-    def make(part, name, case="", tier="default"):
-        state.check = Check(submission, part, name, case, tier, session.rubric, state.group)
+    def make(case=""):
+        state.check = Check(submission, state.declared, case, session.rubric)
         session.fail_if_unimportable(state.check, submission)
         session.cut_if_out_of_time(state.check)
         return state.check

@@ -31,6 +31,7 @@ from pathlib import Path
 import pytest
 
 from fa2_sandbox import PROJECT_ROOT
+from grading import declaration
 
 GRADER_ROOT = PROJECT_ROOT  # a checkout, or site-packages when installed
 CHECKS = GRADER_ROOT / "grading" / "checks"
@@ -75,6 +76,8 @@ def pytest_configure(config):
     """Under --impl, one plugin per role, as junitxml and xdist register theirs: the controller's
     wherever there is no `workerinput`, the worker's (and the checks' fixtures) wherever the checks
     run, an xdist worker or a run without workers (both, then, in one process)."""
+    # The checks modules' declaration (registered in every run: --strict-markers refuses an unknown one).
+    config.addinivalue_line("markers", declaration.HELP)
     if not config.getoption("--impl"):
         return
     # Imported here, not at the top: the engine (torch, the harness) is loaded only to grade.

@@ -19,7 +19,7 @@ from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
-from grading import time_limit, tracks
+from grading import protocol, time_limit, tracks
 from grading.results import store
 from grading.rubric import Rubric, RubricError
 from grading.time_limit import SpentTime
@@ -54,8 +54,7 @@ class Grading:
         # makes the folder, its workers are told where (controller.py pytest_configure_node).
         self.spent = None
         if self.time_limit is not None:
-            self.spent = SpentTime(config.workerinput["grading_spent"] if hasattr(config, "workerinput")
-                                   else tempfile.mkdtemp(prefix="fa2-spent-"))
+            self.spent = SpentTime(protocol.given(config, protocol.SPENT) or tempfile.mkdtemp(prefix="fa2-spent-"))
         self.seed = grading_seed(config, self.reports)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
@@ -273,8 +272,8 @@ def grading_seed(config, reports: Path) -> int:
     reports folder's secret seed."""
     if (seed := config.getoption("--seed")) is not None:
         return seed
-    if hasattr(config, "workerinput"):
-        return config.workerinput["grading_seed"]
+    if (seed := protocol.given(config, protocol.SEED)) is not None:
+        return seed
     return store.secret_seed(reports)
 
 

@@ -32,7 +32,10 @@ part may hold one (a directory name never holds "/").
 """
 from dataclasses import dataclass, field
 
+import pytest
+
 from fa2_sandbox.wire.cases import FLASH_SLOTS, SHORT, FlashCase
+from grading.declaration import declaration
 
 SEPARATOR = "/"
 
@@ -117,14 +120,12 @@ def is_distributed(item) -> bool:
 
 def declared_track(item, per_kernel: bool) -> Track:
     """The track a checks module gives a test of its own: each module under grading/checks
-    declares `track(params, per_kernel)`, so a new module says where its checks run."""
-    declare = getattr(item.module, "track", None)
-    if declare is None:
-        raise TypeError(f"{item.module.__name__} declares no track(params, per_kernel): each checks module "
-                        f"says which runner of a submission its checks use (grading/tracks.py)")
-    track = declare(item.callspec.params, per_kernel)
+    declares `track(params, per_kernel)` in its `grading` marker (grading/declaration.py), so a
+    new module says where its checks run."""
+    track = declaration(item, "track")(item.callspec.params, per_kernel)
     if not isinstance(track, Track):
-        raise TypeError(f"{item.module.__name__}.track returned {track!r}, not a Track (grading/tracks.py)")
+        raise pytest.UsageError(f"{item.module.__name__}'s track gave {track!r} for {item.originalname}, not a "
+                                f"Track (grading/tracks.py)")
     return track
 
 

@@ -5,9 +5,8 @@ It parametrizes the checks over the submissions, gives each collected check its 
 track, record id and case: grading/check.py CheckIdentity) and its rubric group, tells the
 controller each identity (an xdist worker, once collected), sorts the checks (grading/tracks.py),
 runs again a check that the grader's own code broke, and sends what each check found to the
-controller on its test report's user_properties: the check record as "grading_check"
-(CheckRecord.to_json(): user_properties must stay plain JSON data), the runner's facts as
-"grading_runner" and, with its first report, the tests it collected as "grading_collected".
+controller on its test report's user_properties: the check record, the runner's facts and, with
+its first report, the tests it collected (grading/protocol.py names every key).
 
 An exception raised by the grader's own code in a test (the harness, the oracle, a file read) is
 not the student's failure: the test is run once more, and if the grader fails again the check is
@@ -15,7 +14,6 @@ recorded as "grader_error", unscored, and the submission is marked incomplete. W
 code does wrong reaches the tests as a runner Reply and fails through Check.fail; a test that
 failed before it made its check (in a fixture, say) gets a stand-in record.
 """
-import json
 import os
 import traceback
 from pathlib import Path
@@ -25,8 +23,9 @@ import pytest
 from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
 from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.wire import outcomes
-from grading import tracks
-from grading.check import TEST_STATE, TestState, declared_group, identify, submission_of
+from grading import protocol, tracks
+from grading.check import TEST_STATE, TestState, identify, submission_of
+from grading.declaration import declared_check
 from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
 from grading.session import GRADING
 
@@ -94,9 +93,9 @@ class WorkerPlugin:
         # store.current_records). Sent to the controller with the first report.
         self.collected = {}
         self.modules = set()
-        self.groups = {}  # test id -> its rubric group, known before it runs (check.declared_group)
+        self.groups = {}  # test id -> its rubric group, known before it runs (declaration.declared_check)
         self.collected_sent = False
-        if probe := getattr(config, "workerinput", {}).get("isolation_probe"):  # the controller's (shared_probe.py)
+        if probe := protocol.given(config, protocol.PROBE):  # the controller's (shared_probe.py)
             shared_probe.adopt(Path(probe["path"]), probe["question"])
 
     def pytest_configure(self, config):
@@ -110,6 +109,23 @@ class WorkerPlugin:
             metafunc.parametrize("submission", subs, ids=[s.name for s in subs], scope="session")
 
     # -- collection --------------------------------------------------------------------------
+    @pytest.hookimpl(wrapper=True)
+    def pytest_make_collect_report(self, collector):
+        """A checks module whose `grading` marker does not declare each of its tests (grading/
+        declaration.py) fails to collect, with the sentence that says which: a collection error
+        stops the run, under xdist too, where an error raised later would crash the worker."""
+        report = yield
+        if isinstance(collector, pytest.Module) and report.passed:
+            for item in report.result:
+                if isinstance(item, pytest.Function) and submission_of(item) is not None:
+                    try:
+                        declared_check(item, self.state.rubric)
+                        tracks.declared_track(item, per_kernel=True)
+                    except pytest.UsageError as exc:
+                        report.outcome, report.longrepr, report.result = "failed", str(exc), []
+                        break
+        return report
+
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker tags ids with the group, and before -k
     def pytest_collection_modifyitems(self, config, items):
         # Modules named with "::" on the command line (one test, one case) were not collected
@@ -129,10 +145,10 @@ class WorkerPlugin:
             track = tracks.track_of(item, self.state.stubs[name], self.state.per_kernel_tracks) \
                 if self.state.split_into_tracks else tracks.WHOLE
             state = item.stash[TEST_STATE] = TestState(identity=identify(item, track),
-                                                        group=declared_group(item, self.state.rubric))
+                                                        declared=declared_check(item, self.state.rubric))
             if grouping:
                 item.add_marker(pytest.mark.xdist_group(state.identity.group))
-            self.groups[state.identity.check_id] = state.group
+            self.groups[state.identity.check_id] = state.declared.group
             self.collected.setdefault(name, set()).add(state.identity.check_id)
             if not last_failed and not (partial and item.path.resolve() in partial):
                 self.modules.add(item.module.__name__)
@@ -162,14 +178,11 @@ class WorkerPlugin:
         """An xdist worker tells the controller who each test it will run is: xdist's node id ->
         CheckIdentity, in the file the controller named (ControllerPlugin.pytest_configure_node),
         which it reads as this worker's collection comes in."""
-        path = getattr(self.config, "workerinput", {}).get("grading_identities")
+        path = protocol.given(self.config, protocol.IDENTITIES)
         if path is None:
             return
-        identities = {item.nodeid: item.stash[TEST_STATE].identity.to_json()
-                      for item in session.items if TEST_STATE in item.stash}
-        written = Path(path).with_suffix(".partial")
-        written.write_text(json.dumps(identities))
-        os.replace(written, path)  # whole or not at all
+        protocol.write_identities(path, {item.nodeid: item.stash[TEST_STATE].identity.to_json()
+                                         for item in session.items if TEST_STATE in item.stash})
 
     # -- running -----------------------------------------------------------------------------
     @pytest.hookimpl(wrapper=True)
@@ -203,17 +216,16 @@ class WorkerPlugin:
             return
         if self.state.spent is not None:  # in the process that ran it: its submission's time
             self.state.spent.add(name, report.duration)
-        # On this report only (not item.user_properties, which all its reports share).
-        sent = [("grading_submission", name)]
+        sent = [(protocol.SUBMISSION, name)]
         if not self.collected_sent:
             self.collected_sent = True
-            sent.append(("grading_collected", {"items": {k: sorted(v) for k, v in self.collected.items()},
-                                               "modules": sorted(self.modules), "groups": self.groups}))
+            sent.append((protocol.COLLECTED, {"items": {k: sorted(v) for k, v in self.collected.items()},
+                                              "modules": sorted(self.modules), "groups": self.groups}))
         if facts := self.state.runner_facts.pop(name, None):
-            sent.append(("grading_runner", facts))
+            sent.append((protocol.RUNNER, facts))
         if (record := record_of(item, report, call, name)) is not None:
-            sent.append(("grading_check", record.to_json()))
-        report.user_properties = [*report.user_properties, *sent]
+            sent.append((protocol.CHECK, record.to_json()))
+        protocol.send(report, sent)
 
     def pytest_sessionfinish(self, session):
         self.state.close()  # this process's runners

@@ -67,8 +67,8 @@ def track(params: dict, per_kernel: bool) -> Track:
 
 
 def check_of(test: str, params: dict) -> tuple:
-    """(part, check, tier) of a test of this module, as its `check(...)` call names them: known at
-    collection, so a check that never ran still has its rubric group (grading/results/scoring.py)."""
+    """(part, check, tier) of the check a test of this module makes: known at collection, so a check
+    that never ran still has its rubric group (grading/declaration.py)."""
     slot = params.get("slot", "pytorch")
     part = f"flash_{slot}"
     return {"test_forward": (part, "forward", params.get("tier")),
@@ -78,6 +78,8 @@ def check_of(test: str, params: dict) -> tuple:
             "test_no_library_attention": (part, "uses_triton" if slot == "triton" else "no_sdpa", "implementation"),
             "test_replay": (part, "replay", "replay")}[test]
 
+
+pytestmark = pytest.mark.grading(check_of=check_of, track=track)
 
 def judge(check, session, slot, tier, case, tensors, names):
     """Pass or fail `names` of `tensors` against the float64 oracle, by the rule of the tier."""
@@ -147,7 +149,7 @@ def point_at_the_forward(check, case, sentence):
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
 def test_forward(session, submission, check, slot, tier, case):
-    c = check(f"flash_{slot}", "forward", case, tier)
+    c = check(case)
     reply, tensors = settle(c, session, submission, slot, tier, case)
     if reply is None:
         return
@@ -160,7 +162,7 @@ def test_forward(session, submission, check, slot, tier, case):
 
 @pytest.mark.parametrize("slot,tier,case", PARAMS, ids=IDS)
 def test_backward(session, submission, check, slot, tier, case):
-    c = check(f"flash_{slot}", "backward", case, tier)
+    c = check(case)
     reply, tensors = settle(c, session, submission, slot, tier, case, phase="backward")
     if reply is None:
         return
@@ -171,7 +173,7 @@ def test_backward(session, submission, check, slot, tier, case):
 @pytest.mark.parametrize("device", ["cuda"])  # its track (`track`) reads it
 def test_runs_on_cuda(session, submission, check, device):
     """The PyTorch class on CUDA tensors (the official tests run it on the CPU only): advice."""
-    c = check("flash_pytorch", "runs_on_cuda", COURSE_CASE, "cuda")
+    c = check(COURSE_CASE)
     if not session.on_gpu:
         c.not_here("it needs a GPU: this runs the course case on CUDA tensors (the official tests run the PyTorch "
                    "class on the CPU, as this grader does elsewhere)")
@@ -203,7 +205,7 @@ def test_hygiene(session, submission, check, slot, tier, case):
     The inputs are looked at in float32 too, on the case's float32 twin (a handout case of the slot,
     whose reply the PyTorch slot's runner shares): a change smaller than bf16's rounding step, such
     as scaling a row of q by 1 + 1e-4, leaves bf16 inputs bit for bit as they were."""
-    c = check(f"flash_{slot}", "hygiene", case, "hygiene")
+    c = check(case)
     reply, tensors = settle(c, session, submission, slot, tier, case)
     if reply is None:
         return
@@ -233,7 +235,7 @@ def test_hygiene(session, submission, check, slot, tier, case):
 @pytest.mark.parametrize("slot,tier,case", IMPLEMENTATION, ids=SLOTS)
 def test_no_library_attention(session, submission, check, slot, tier, case):
     """The Triton slot launches Triton kernels; neither slot calls SDPA, flash_attn or cuDNN."""
-    c = check(f"flash_{slot}", "uses_triton" if slot == "triton" else "no_sdpa", case, "implementation")
+    c = check(case)
     reply, _ = settle(c, session, submission, slot, tier, case)
     forbidden = {**reply.result["forward"]["forbidden_ops"],
                  **reply.result.get("backward", {}).get("forbidden_ops", {})}
@@ -276,7 +278,7 @@ def test_replay(session, submission, check, slot, tier, case):
     more than one that answers wrongly. The case's forward check fails for the first input's failure
     too, and the page links to it. On a machine without a GPU, a Triton class that does not run
     there (flash_checks.needs_gpu) is not graded here, like the slot's other checks."""
-    c = check(f"flash_{slot}", "replay", case, "replay")
+    c = check(case)
     first = f"flash_{slot}::forward[{case.id}]"
     if FLASH_SLOTS[slot] in session.stubs[submission.name]:
         c.not_measured(f"{FLASH_SLOTS[slot]} raises NotImplementedError (not attempted), so there is no answer to "

@@ -79,6 +79,8 @@ def check_of(test: str, params: dict) -> tuple:
     return "fsdp", test.removeprefix("test_fsdp_"), "default"
 
 
+pytestmark = pytest.mark.grading(check_of=check_of, track=track)
+
 def fsdp_run(session, submission):
     spec = {"model": FSDP_MODEL, "steps": FSDP_STEPS, "batch": FSDP_BATCH, "lr": FSDP_LR,
             "scenarios": [{"name": name, "compute_dtype": dtype} for name, dtype in PRECISIONS.items()]}
@@ -130,7 +132,7 @@ def diffs_text(finals, want) -> str:
 @pytest.mark.parametrize("precision", list(PRECISIONS))
 def test_fsdp_equivalence(session, submission, check, precision):
     """The gathered parameters after training match single-process training on the full batch."""
-    c = check("fsdp", "equivalence", precision)
+    c = check(precision)
     gate_fsdp(c, session, submission)
     reply, tensors = fsdp_run(session, submission)
     ranks = settle_scenario(c, reply, precision, LABELS)
@@ -213,7 +215,7 @@ def as_float32_training(from_fp32: float, from_fp16: float, gap: float) -> str:
 
 def test_fsdp_sharded(session, submission, check):
     """Each rank's parameters() hold about 1/world_size of the Linear layers' elements."""
-    c = check("fsdp", "sharded", "fp32")
+    c = check("fp32")
     gate_fsdp(c, session, submission)
     reply, _ = fsdp_run(session, submission)
     c.settle_reply(reply)

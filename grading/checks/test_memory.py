@@ -38,6 +38,8 @@ def check_of(test: str, params: dict) -> tuple:
     return "memory", params["phase"], "memory"
 
 
+pytestmark = pytest.mark.grading(check_of=check_of, track=track)
+
 def _limit_bytes(case) -> int:
     """Generous O(N d): 32 copies of q (fp32 accumulators, saved tensors, gradients), plus
     16 MiB of allocator slack. One batch row's q: the GPU cases have batch (1,). At the Triton
@@ -52,7 +54,7 @@ def _limit_bytes(case) -> int:
 def test_no_score_matrix(session, submission, check, slot, phase):
     on_cuda = slot_device(slot, session.on_gpu) == "cuda"  # the PyTorch class is graded on the CPU
     case = GPU_CASES[slot] if on_cuda else MEMORY_CASE
-    c = check("memory", phase, (f"{slot}-{case.id}", case), "memory")
+    c = check((f"{slot}-{case.id}", case))
     if slot == "triton" and not session.on_gpu:
         c.not_here("it needs a GPU: Triton's memory is measured on one; the interpreter's numpy arrays are "
                    "invisible on a CPU")

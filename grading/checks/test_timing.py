@@ -78,6 +78,8 @@ def check_of(test: str, params: dict) -> tuple:
     return "timing", f"flash_{params['slot']}", "timing"
 
 
+pytestmark = pytest.mark.grading(check_of=check_of, track=track)
+
 def both(runners, asked, timeout, student_until=None):
     """One call on each runner at once (the requests `asked`), each in a thread of its own; their
     replies. `timeout`: the seconds of both calls, or a pair (the student's, the reference's);
@@ -125,7 +127,7 @@ def test_budget(session, submission, check, slot):
     reference = reference_runner(session) if session.on_gpu else None
     if reference is not None and reference.process is None:
         reference.launch()
-    c = check("timing", f"flash_{slot}", case, "timing")
+    c = check(case)
     if not session.on_gpu:
         c.not_here("it needs a GPU: timing budgets are measured on CUDA")
     session.fail_if_stub(c, submission, FLASH_SLOTS[slot])

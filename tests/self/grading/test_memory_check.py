@@ -12,6 +12,7 @@ import pytest
 from fa2_sandbox.harness.client import Reply
 from grading.check import Check
 from grading.checks import test_memory
+from grading.declaration import declared_for
 from grading.rubric import Rubric
 
 MiB = 2**20
@@ -41,8 +42,10 @@ def grade(phase: str, **replies):
     """(outcome, output, dtypes asked for) of the Triton memory check of `phase`."""
     session, submission, made = FakeSession(**replies), SimpleNamespace(name="alice"), []
 
-    def check(part, name, case="", tier="default"):
-        made.append(Check(submission, part, name, case, tier, session.rubric))
+    declared = declared_for(test_memory.test_no_score_matrix, {"slot": "triton", "phase": phase}, session.rubric)
+
+    def check(case=""):
+        made.append(Check(submission, declared, case, session.rubric))
         return made[-1]
 
     try:

@@ -4,6 +4,7 @@ Triton check, and one that does is judged there (grading/checks/flash_checks.py 
 The runner's replies are made up here, keyed by case, with errors raised and described the way
 the runner describes them (fa2_sandbox/runner/errors.py describe, traceback.format_exc).
 """
+import inspect
 import traceback
 from types import SimpleNamespace
 
@@ -16,6 +17,7 @@ from fa2_sandbox.wire.cases import FlashCase
 from grading.check import Check
 from grading.checks import test_flash, test_memory, test_timing
 from grading.checks.flash_checks import machine_error
+from grading.declaration import declared_for
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases
 from grading.rubric import Rubric
 from tests.self.fixtures.refusals import launch, look_up_dtype, refuse_cpu_tensors, refuse_cpu_tensors_saying_so
@@ -93,11 +95,14 @@ class FakeSession:
 
 
 def grade(test, session, *args) -> Check:
-    """The Check that `test(session, submission, check, *args)` settled."""
+    """The Check that `test(session, submission, check, *args)` settled: the check its module's
+    `grading` marker declares for it (grading/declaration.py), as a collected test gets it."""
     submission, made = SimpleNamespace(name="alice"), []
+    params = dict(zip(list(inspect.signature(test).parameters)[3:], args))
+    declared = declared_for(test, params, session.rubric)
 
-    def check(part, name, case="", tier="default"):
-        made.append(Check(submission, part, name, case, tier, session.rubric))
+    def check(case=""):
+        made.append(Check(submission, declared, case, session.rubric))
         return made[-1]
 
     try:

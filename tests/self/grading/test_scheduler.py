@@ -13,6 +13,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from fa2_sandbox.wire.cases import FlashCase
+from grading import protocol
 from grading.check import CheckIdentity, identify
 from grading.scheduler import GradingScheduling, later_half, spread_timing
 from grading.tracks import Track
@@ -417,7 +418,7 @@ def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
         record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
         report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group, size=113 * 203 * 64), when="call",
                                  duration=1.0, start=1.0, stop=2.0,
-                                 user_properties=[("grading_submission", "alice"), ("grading_check", record.to_json())])
+                                 user_properties=[(protocol.SUBMISSION, "alice"), (protocol.CHECK, record.to_json())])
         ControllerPlugin.pytest_runtest_logreport(plugin, report)
     assert scheduler.smaller_than == {f"alice/{SLOW}": 113 * 203 * 64}
 

@@ -6,12 +6,21 @@ import pytest
 
 from fa2_sandbox.wire.cases import FLASH_SLOTS, FlashCase
 from grading import matrix, tracks
+from grading.declaration import Declared, declared_check
+from grading.rubric import Rubric
 from grading.tracks import Track
 
 
 def item(module: str, name: str, **params):
-    """A grading test of `module` (a real checks module: it declares the track) with `params`."""
-    return SimpleNamespace(module=importlib.import_module(f"grading.checks.{module}"), originalname=name,
+    """A grading test of `module` (a real checks module: its marker declares the track) with `params`."""
+    return fake_item(importlib.import_module(f"grading.checks.{module}"), name, params)
+
+
+def fake_item(module, name: str, params: dict):
+    """A collected test of `module` as the grader reads it: its module's markers, name and parameters."""
+    mark = getattr(module, "pytestmark", None)
+    return SimpleNamespace(module=module, originalname=name,
+                           get_closest_marker=lambda marker: mark if mark is not None and mark.name == marker else None,
                            callspec=SimpleNamespace(params={"submission": "alice", **params}))
 
 
@@ -152,9 +161,33 @@ def test_a_track_is_a_kind_the_grader_knows():
 
 
 def test_a_checks_module_declares_a_track_not_a_name():
-    module = SimpleNamespace(__name__="grading.checks.test_new", track=lambda params, per_kernel: "pytorch")
-    with pytest.raises(TypeError, match="not a Track"):
-        tracks.declared_track(SimpleNamespace(module=module, callspec=SimpleNamespace(params={})), True)
+    marker = pytest.mark.grading(check_of=lambda test, params: ("ddp", "overlap", "default"),
+                                 track=lambda params, per_kernel: "pytorch")
+    module = SimpleNamespace(__name__="grading.checks.test_new", pytestmark=marker)
+    with pytest.raises(pytest.UsageError, match="grading.checks.test_new's track gave 'pytorch' for test_new_thing, "
+                                                "not a Track"):
+        tracks.declared_track(fake_item(module, "test_new_thing", {}), True)
+
+
+def test_a_checks_module_without_the_marker_stops_collection():
+    """Where the declaration is missing, or leaves out a test, collection stops and says which."""
+    bare = SimpleNamespace(__name__="grading.checks.test_bare")
+    with pytest.raises(pytest.UsageError, match="grading.checks.test_bare declares no track for test_thing"):
+        tracks.declared_track(fake_item(bare, "test_thing", {}), True)
+    with pytest.raises(pytest.UsageError, match="grading.checks.test_bare declares no check_of for test_thing"):
+        declared_check(fake_item(bare, "test_thing", {}), Rubric())
+    flash = importlib.import_module("grading.checks.test_flash")
+    with pytest.raises(pytest.UsageError, match="grading.checks.test_flash's check_of knows no check for test_new"):
+        declared_check(fake_item(flash, "test_new", {"slot": "triton"}), Rubric())
+
+
+def test_a_tests_check_is_what_its_module_declares():
+    """The check fixture takes part, check and tier from the declaration: one place says them."""
+    declared = declared_check(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), Rubric())
+    assert declared == Declared("flash_triton", "backward", "causal", "flash_triton.backward.causal")
+    distributed = importlib.import_module("grading.checks.test_distributed")
+    sharded = declared_check(fake_item(distributed, "test_sharded_state", {"name": "state_sharded"}), Rubric())
+    assert (sharded.part, sharded.check) == ("sharded_optimizer", "state_sharded")
 
 
 def test_a_groups_checks_run_together():

@@ -1,0 +1,70 @@
+"""What passes between the grading controller and its xdist workers: every key and file, here.
+
+xdist gives a worker one dict when it starts (`workerinput`, which the controller fills in
+pytest_configure_node) and sends the controller each of the worker's test reports, whose
+`user_properties` (a list of (key, value) pairs) must be plain JSON data. Without xdist the
+controller's and the worker's plugins run in one process, and nothing passes.
+
+Controller -> worker, in workerinput (read with `given`):
+  SEED        the base seed of every input (grading/session.py grading_seed)
+  SPENT       under --time-limit, the folder where each submission's check time is kept, which all
+              the run's processes add to (grading/time_limit.py SpentTime)
+  PROBE       {"path", "question"}: the sandbox's isolation probe, which the controller runs once
+              while the workers start (fa2_sandbox/harness/shared_probe.py)
+  IDENTITIES  the file the worker writes its tests' identities to (below)
+
+Worker -> controller, on a test report's user_properties (`send`, read with `received`):
+  SUBMISSION  the submission the test grades: on every report of a grading test
+  COLLECTED   {"items": {submission: [test id]}, "modules": [module], "groups": {test id: rubric
+              group}}: what the worker collected, on its first report only
+  RUNNER      the runner's facts for the submission's info.json, when there are new ones
+  CHECK       the check record, CheckRecord.to_json(), on the report that settles the check
+
+Files:
+  IDENTITIES  {xdist node id: CheckIdentity.to_json()}, written whole by the worker once it has
+              collected (write_identities), read by the controller as that worker's collection
+              comes in, before any test is scheduled (read_identities)
+"""
+import json
+import os
+from pathlib import Path
+
+SEED = "grading_seed"
+SPENT = "grading_spent"
+PROBE = "isolation_probe"
+IDENTITIES = "grading_identities"
+
+SUBMISSION = "grading_submission"
+COLLECTED = "grading_collected"
+RUNNER = "grading_runner"
+CHECK = "grading_check"
+
+
+def given(config, key: str, default=None):
+    """What the controller gave this worker under `key`; `default` in a process without workerinput
+    (the controller, or a run without xdist)."""
+    return getattr(config, "workerinput", {}).get(key, default)
+
+
+def send(report, pairs: list):
+    """Add `pairs`, [(a key of this module, its value)], to this report's user_properties. On the
+    report only: item.user_properties is shared by all of a test's reports."""
+    report.user_properties = [*report.user_properties, *pairs]
+
+
+def received(report) -> dict:
+    """What a worker sent on a report, by key ({} for a report of another plugin's test)."""
+    return dict(report.user_properties)
+
+
+def write_identities(path: str, identities: dict):
+    """The worker's {node id: CheckIdentity.to_json()}, replacing the file whole or not at all."""
+    written = Path(path).with_suffix(".partial")
+    written.write_text(json.dumps(identities))
+    os.replace(written, path)
+
+
+def read_identities(path: str) -> dict:
+    """What write_identities wrote; {} where the worker wrote none (its collection stopped early)."""
+    path = Path(path)
+    return json.loads(path.read_text()) if path.is_file() else {}
