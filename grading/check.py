@@ -19,7 +19,7 @@ from fa2_sandbox.wire import course_env, outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from grading.declaration import Declared
 from grading.results.record import NOT_GRADED_HERE, CheckRecord
-from grading.tracks import Track, group_name
+from grading.tracks import Track, submission_track
 
 # Python's words for an import that found no module: "No module named 'cs336_basics'".
 NO_MODULE = re.compile(r"No module named '([\w.]+)'")
@@ -140,14 +140,15 @@ class CheckIdentity:
 
     @property
     def shared_call(self) -> str:
-        """What it shares a runner call with: the tests of its group with the same case share one
+        """What it shares a runner call with: the tests of its track with the same case share one
         (forward and backward of a case, say); a test with no case shares none."""
         return self.case or self.check_id
 
     @property
-    def group(self) -> str:
-        """Its xdist group: the tests of one group run on one worker, with one runner."""
-        return group_name(self.submission, self.track)
+    def submission_track(self) -> str:
+        """Its submission's track, by name: the xdist group it is scheduled in, whose tests run on one
+        worker, with one runner."""
+        return submission_track(self.submission, self.track)
 
     def to_json(self) -> dict:
         return {"check_id": self.check_id, "submission": self.submission, "track": self.track.name,

@@ -1,9 +1,9 @@
 """The grading plugin of the controller: the process that owns reports/ (registered by
 grading/pytest_plugin.py wherever there is no `workerinput`; without xdist, beside the worker's).
 
-It schedules a class over the xdist workers (`--dist loadgroup`: a group's checks stay on one
-worker, so its runner starts once, but for the tail of a group that proves slow, which idle
-workers share: grading/scheduler.py; a group is one track of a submission, grading/tracks.py),
+It schedules a class over the xdist workers (`--dist loadgroup`, each xdist group a track of a
+submission, grading/tracks.py: a track's checks stay on one worker, so its runner starts once, but
+for the tail of a track that proves slow, which idle workers share: grading/scheduler.py),
 writes each check the moment its report comes (grading/worker.py sends it), keeps each
 submission's info.json, and at the end assembles every submission's results.json, builds the HTML
 reports and prints where the time went. Only this process writes under reports/
@@ -86,7 +86,7 @@ class ControllerPlugin:
     # -- setup -----------------------------------------------------------------------------
     @pytest.hookimpl(tryfirst=True)
     def pytest_configure(self, config):
-        # A submission's checks share one worker (and one runner): the controller schedules by group.
+        # A submission track's checks share one worker (and one runner): the controller schedules by them.
         if getattr(config.option, "numprocesses", None) and config.option.dist in ("no", "load"):
             config.option.dist = "loadgroup"
         # Groups go out in collection order, which puts the longest first (worker.py's sort), not
@@ -241,7 +241,7 @@ class ControllerPlugin:
                 self.say(f"{report.nodeid}: failed without a result (worker crash?)")
             return
         record = CheckRecord.from_json(sent_record)
-        # A runner that timed out fails every larger case of its group at once (SubmissionRunner.call):
+        # A runner that timed out fails every larger case of its track at once (SubmissionRunner.call):
         # a thief's runner would not know, and would wait out the timeout again.
         if record.outcome == outcomes.TIMEOUT and self.scheduler is not None:
             self.scheduler.timed_out(report.nodeid)

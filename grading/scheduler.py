@@ -1,18 +1,18 @@
-"""How a class's checks go to xdist workers: loadgroup, with timing spread out and a slow group shared.
+"""How a class's checks go to xdist workers: loadgroup, with timing spread out and a slow track shared.
 
-xdist's loadgroup gives each group (a submission's track, grading/tracks.py) whole to one worker, in
+xdist's loadgroup gives each group, here a submission's track (grading/tracks.py), whole to one worker, in
 collection order. In a class of real repos on one GPU, a worker per core, two things went wrong
-(notes/grading-speed.md, "timing windows pause the others; timing spread and slow groups shared"):
+(notes/grading-speed.md, "timing windows pause the others; timing spread and slow tracks shared"):
 
-- One slow group held up the class. A Triton kernel that autotunes on every shape, or a
+- One slow track held up the class. A Triton kernel that autotunes on every shape, or a
   torch.compile'd PyTorch slot, ran for many minutes on one worker while the others sat idle after
-  their last group (issue 32). Here, once no group is left to hand out, an idle worker
-  takes the later half of the checks still queued for the group that proves slowest (the mean
+  their last track (issue 32). Here, once no track is left to hand out, an idle worker
+  takes the later half of the checks still queued for the track that proves slowest (the mean
   duration of its completed checks times the checks still queued), when that is at least
-  STEAL_MIN_S. The thief starts a runner of its own for the group (seconds of a core, plus the
+  STEAL_MIN_S. The thief starts a runner of its own for the track (seconds of a core, plus the
   kernels it compiles): results stay right, since every worker computes the replies it lacks, but
-  a group must prove slow before it is split, and what is left must be worth the start.
-- Timing groups (one check each, a few seconds of which hold the GPU alone) went out last, and
+  a track must prove slow before it is split, and what is left must be worth the start.
+- Timing tracks (one check each, a few seconds of which hold the GPU alone) went out last, and
   queued behind each other. Here they are spread through the queue, and at most TIMING_PER_GPU are
   in progress on one GPU at a time.
 - A submission whose Triton slot is slow at every case began its Triton tracks in the queue's
@@ -29,7 +29,7 @@ The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
 2 tests queued, the first 2 of a worker's queue are never stolen, and an idle worker that has a test
 and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
-never given a test holds none back: it waits, free, for a group to prove slow.
+never given a test holds none back: it waits, free, for a track to prove slow.
 """
 import time
 from collections import Counter
@@ -40,11 +40,11 @@ from xdist.scheduler import LoadGroupScheduling
 
 from grading.tracks import KINDS
 
-TIMING_PER_GPU = 3  # timing groups in progress at once on one GPU
-STEAL_MIN_S = 30.0  # what a group's queued checks must be expected to take for an idle worker to share them
+TIMING_PER_GPU = 3  # timing tracks in progress at once on one GPU
+STEAL_MIN_S = 30.0  # what a track's queued checks must be expected to take for an idle worker to share them
 RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and the one it holds next
 # A check still running after this share of the flash timeout is likely to time out, and is taken
-# as timed out already for what may be shared (timed_out): its runner will fail the group's larger
+# as timed out already for what may be shared (timed_out): its runner will fail the track's larger
 # cases at once, where a thief's runner would wait out a timeout of its own for each. cherryni2022's
 # 1024-long cases, each waiting out the flash timeout, were stolen while its first one still ran, and
 # every thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
@@ -54,14 +54,14 @@ PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Trit
 
 
 class Steal(NamedTuple):
-    group: str
+    track: str
     victim: str  # the workers' ids, "gw3"
     thief: str
     count: int
-    seconds: float  # the estimate of the victim's queued checks of the group, before the steal
+    seconds: float  # the estimate of the victim's queued checks of the track, before the steal
 
     def line(self) -> str:
-        return (f"spread {self.group}: {self.count} of its checks from {self.victim} to {self.thief} "
+        return (f"spread {self.track}: {self.count} of its checks from {self.victim} to {self.thief} "
                 f"(about {self.seconds:.0f} s left)")
 
 
@@ -74,8 +74,8 @@ class Request(NamedTuple):
 
 
 class GradingScheduling(LoadGroupScheduling):
-    """loadgroup's queue and work units, keyed (group, part): part 0 is the group as collected, each
-    steal makes a new part, so a worker may hold two parts of one group and every unit keeps its own
+    """loadgroup's queue and work units, keyed (track, part): part 0 is the track as collected, each
+    steal makes a new part, so a worker may hold two parts of one track and every unit keeps its own
     tests, in the order they were sent (loadscope.remove_node takes the first undone one for the crash)."""
 
     def __init__(self, config, log: Producer | None = None, gpus: int = 1, timing_per_gpu: int | None = None,
@@ -88,9 +88,9 @@ class GradingScheduling(LoadGroupScheduling):
         # Read here, not as defaults: a test session's plugin may change them.
         self.timing_per_gpu = TIMING_PER_GPU if timing_per_gpu is None else timing_per_gpu
         self.steal_min_s = STEAL_MIN_S if steal_min_s is None else steal_min_s
-        self.smaller_than = {}  # group -> only cases smaller than this may be shared (timed_out)
-        self.completed = {}  # group -> [seconds, count] of its completed tests
-        self.parts = Counter()  # group -> parts made by steals
+        self.smaller_than = {}  # track -> only cases smaller than this may be shared (timed_out)
+        self.completed = {}  # track -> [seconds, count] of its completed tests
+        self.parts = Counter()  # track -> parts made by steals
         self.request = None  # the steal in flight, a Request
         self.steals = []  # Steal, one per steal that moved tests
         self.on_steal = on_steal  # called with each Steal as it happens (the plugin prints it)
@@ -98,7 +98,7 @@ class GradingScheduling(LoadGroupScheduling):
         # node id -> grading.check.CheckIdentity, filled by the controller as the workers' collections
         # come in (ControllerPlugin.pytest_xdist_node_collection_finished); none for other tests.
         self.identities = identities if identities is not None else {}
-        self.timing_groups = set()  # the groups of timing tracks, known once the collection is
+        self.timing_tracks = set()  # the submissions' timing tracks, known once the collection is
         self.promote_after_s = PROMOTE_S if promote_after_s is None else promote_after_s
         self.on_promote = on_promote  # called with a line for each promotion (the plugin prints it)
         self.clock = clock
@@ -119,31 +119,31 @@ class GradingScheduling(LoadGroupScheduling):
         return identity.case_size if identity is not None else None
 
     def _split_scope(self, nodeid: str) -> str:
-        """A test's group: its identity's; loadgroup's reading of the id for any other test."""
+        """A test's xdist group: its submission's track; loadgroup's reading of the id for any other test."""
         identity = self.identities.get(nodeid)
-        return identity.group if identity is not None else super()._split_scope(nodeid)
+        return identity.submission_track if identity is not None else super()._split_scope(nodeid)
 
-    def is_timing(self, group: str) -> bool:
-        return group in self.timing_groups
+    def is_timing(self, track: str) -> bool:
+        return track in self.timing_tracks
 
     def timed_out(self, nodeid: str) -> None:
         """A check timed out: its runner now fails every case at least as large at once
         (SubmissionRunner.call), which a thief's fresh runner would not know, and would wait out
-        the timeout again. So from now on only its group's smaller cases may be shared."""
+        the timeout again. So from now on only its track's smaller cases may be shared."""
         identity = self.identities.get(nodeid)
         if identity is None:
             return
-        group, size = identity.group, identity.case_size
-        self.smaller_than[group] = min(size, self.smaller_than.get(group, size)) if size else 0
+        track, size = identity.submission_track, identity.case_size
+        self.smaller_than[track] = min(size, self.smaller_than.get(track, size)) if size else 0
 
-    def share_limit(self, group: str) -> int | None:
-        """Only the group's cases smaller than this may be shared (None: any): the smallest that
+    def share_limit(self, track: str) -> int | None:
+        """Only the track's cases smaller than this may be shared (None: any): the smallest that
         timed out, or that has run for longer than likely_timeout_s and still runs."""
-        sizes = [self.smaller_than[group]] if group in self.smaller_than else []
+        sizes = [self.smaller_than[track]] if track in self.smaller_than else []
         now = self.clock()
         for nodeid, began in self.in_flight.items():
             identity = self.identities.get(nodeid)
-            if identity is not None and identity.group == group and now - began >= self.likely_timeout_s:
+            if identity is not None and identity.submission_track == track and now - began >= self.likely_timeout_s:
                 sizes.append(identity.case_size or 0)
         return min(sizes) if sizes else None
 
@@ -151,7 +151,7 @@ class GradingScheduling(LoadGroupScheduling):
     def tests_finished(self) -> bool:
         return super().tests_finished and self.request is None
 
-    # -- handing out groups ------------------------------------------------------------------
+    # -- handing out tracks ------------------------------------------------------------------
     def schedule(self) -> None:
         assert self.collection_is_completed
         if self.collection is not None:  # a worker added later (a crashed one's replacement)
@@ -165,14 +165,15 @@ class GradingScheduling(LoadGroupScheduling):
         if not self.collection:
             return
         self.position = {nodeid: index for index, nodeid in enumerate(self.collection)}
-        self.timing_groups = {identity.group for identity in self.identities.values() if identity.track.timing}
+        self.timing_tracks = {identity.submission_track for identity in self.identities.values()
+                              if identity.track.timing}
         units = {}
         for nodeid in self.collection:
             units.setdefault((self._split_scope(nodeid), 0), {})[nodeid] = False
         for key in spread_timing(list(units), self.is_timing):
             self.workqueue[key] = units[key]
-        # Unlike loadscope, workers left without a group stay up: they hold no test back, and may
-        # take part of a group that proves slow.
+        # Unlike loadscope, workers left without a track stay up: they hold no test back, and may
+        # take part of a track that proves slow.
         for node in self.nodes:
             if self.workqueue:
                 self._assign_work_unit(node)
@@ -180,7 +181,7 @@ class GradingScheduling(LoadGroupScheduling):
             self._reschedule(node)
 
     def _reschedule(self, node) -> None:
-        if not self.workqueue:  # any completion may show a group to be slow: idle workers look again
+        if not self.workqueue:  # any completion may show a track to be slow: idle workers look again
             self._share_the_rest()
         elif not node.shutting_down and self._pending_of(self.assigned_work[node]) <= RUNNING:  # loadscope's mark
             self._assign_work_unit(node)
@@ -192,7 +193,7 @@ class GradingScheduling(LoadGroupScheduling):
         node.send_runtest_some([self.position[nodeid] for nodeid, done in unit.items() if not done])
 
     def _next_unit(self, node):
-        """The queue's first unit, unless it is a timing group and the node's GPU has its fill of
+        """The queue's first unit, unless it is a timing track and the node's GPU has its fill of
         them: then the first that is not, if any is left."""
         first = next(iter(self.workqueue))
         if not self.is_timing(first[0]) or self._timing_in_progress(self.gpu_of(node)) < self.timing_per_gpu:
@@ -259,9 +260,9 @@ class GradingScheduling(LoadGroupScheduling):
         identity = self.identities.get(next(iter(unit), None))
         return identity is not None and identity.submission == submission and identity.track.kind is KINDS["triton"]
 
-    # -- sharing a slow group ----------------------------------------------------------------
+    # -- sharing a slow track ----------------------------------------------------------------
     def _share_the_rest(self) -> None:
-        """No group left to hand out: an idle worker steals from the slowest group, if any is
+        """No track left to hand out: an idle worker steals from the slowest track, if any is
         worth it; with none, the idle workers that hold a test are shut down, so it runs."""
         idle = [node for node in self.nodes
                 if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
@@ -288,11 +289,11 @@ class GradingScheduling(LoadGroupScheduling):
             pending = [(key, nodeid) for key, unit in units.items() for nodeid, done in unit.items() if not done]
             queued = pending[RUNNING:]
             for key in dict.fromkeys(key for key, _ in queued):
-                group = key[0]
-                if group not in self.completed:  # only a completed check proves anything
+                track = key[0]
+                if track not in self.completed:  # only a completed check proves anything
                     continue
-                seconds, count = self.completed[group]
-                limit = self.share_limit(group)
+                seconds, count = self.completed[track]
+                limit = self.share_limit(track)
                 mine = [nodeid for k, nodeid in queued if k == key
                         and (limit is None or (self.case_size(nodeid) or limit) < limit)]
                 left = len(mine) * seconds / count
@@ -351,7 +352,7 @@ def later_half(unit: dict, queued: list, shared_call) -> list:
 
 
 def spread_timing(keys: list, is_timing) -> list:
-    """The unit keys in their order, but for the timing groups', which are spread evenly through
+    """The unit keys in their order, but for the timing tracks', which are spread evenly through
     the rest: T of them among O others, the j-th at about (j + 0.5) * (O + T) / T."""
     timing = [key for key in keys if is_timing(key[0])]
     spread = [key for key in keys if not is_timing(key[0])]

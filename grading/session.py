@@ -85,15 +85,15 @@ class Grading:
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
     def _switch_to(self, name: str, track: Track):
-        """A worker grades one group's checks together (loadgroup): when the next group starts,
-        close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
-        group = (name, track)
-        if group == self._current:
+        """A worker grades one submission track's checks together (loadgroup): when the next one
+        starts, close the last one's runner and drop its tensors, so a class of 100 holds one at a time."""
+        key = (name, track)
+        if key == self._current:
             return
-        for other in [g for g in self._runners if g != group]:
+        for other in [k for k in self._runners if k != key]:
             self._runners.pop(other).close()
-        self._replies = {key: value for key, value in self._replies.items() if key[0] == group}
-        self._current = group
+        self._replies = {reply_key: value for reply_key, value in self._replies.items() if reply_key[0] == key}
+        self._current = key
 
     def worker_env(self) -> dict:
         """What a runner of this worker gets besides the harness's own environment: the Triton
@@ -144,16 +144,16 @@ class Grading:
     def runner(self, submission, track: Track) -> SubmissionRunner:
         """The runner of `submission`'s `track`, started on first use."""
         self._switch_to(submission.name, track)
-        group = (submission.name, track)
-        if group not in self._runners:
+        key = (submission.name, track)
+        if key not in self._runners:
             # A timing track's runner starts afresh, as the timing budgets were calibrated and
             # measured: a Triton ratio that moved in a class whose runners were forked is not
             # explained yet (notes/grading-speed.md, "where a class's CPU goes", Timing).
-            self._runners[group] = SubmissionRunner(submission, env=self.worker_env(),
-                                                    import_timeout=self.rubric.timeout("import"),
-                                                    kept_kernels=self.kept_kernels(submission.root, track.name),
-                                                    gpu_ledger=self.gpu_ledger, forked=not track.timing)
-        return self._runners[group]
+            self._runners[key] = SubmissionRunner(submission, env=self.worker_env(),
+                                                  import_timeout=self.rubric.timeout("import"),
+                                                  kept_kernels=self.kept_kernels(submission.root, track.name),
+                                                  gpu_ledger=self.gpu_ledger, forked=not track.timing)
+        return self._runners[key]
 
     def fail_if_unimportable(self, check, submission, track: Track):
         """Fail `check` with the import error when the submission's adapters do not import: every
@@ -217,15 +217,15 @@ class Grading:
     def forget(self, name: str):
         """Drop a submission's cached replies and close its runners: a retry starts afresh."""
         self._replies = {key: value for key, value in self._replies.items() if key[0][0] != name}
-        for group in [g for g in self._runners if g[0] == name]:
+        for key in [k for k in self._runners if k[0] == name]:
             try:
-                self._runners.pop(group).close()
+                self._runners.pop(key).close()
             except Exception:
                 pass
 
     def keep(self, name: str, start) -> SubmissionRunner:
         """A runner of the grader's own code (`start()` makes it), kept for this process's session:
-        unlike a student's, it outlives the group that first asked for it."""
+        unlike a student's, it outlives the submission track that first asked for it."""
         if name not in self._kept:
             self._kept[name] = start()
         return self._kept[name]

@@ -1,7 +1,8 @@
 """Which runner of its submission a grading test uses: one submission spread over xdist workers.
 
-Under xdist a submission's tests go to workers by group (`--dist loadgroup`), and each worker
-holds one runner per group. With one group per submission, a submission is graded by one
+Under xdist a submission's tests go to workers by xdist group (`--dist loadgroup`), here a
+submission's track, and each worker holds one runner per track. With one track per submission, a
+submission is graded by one
 process: a correct Triton kernel compiles and autotunes for every case, one case after another,
 and one submission took many minutes (notes/grading-speed.md, "one runner per submission").
 So a submission's tests are split into tracks that share nothing but the student's code (tracks, not
@@ -27,8 +28,8 @@ xdist or with one worker there is one track per submission: there is no compilin
 and each track would add a runner start, which made the reference slower on a CPU of few cores
 (notes/grading-speed.md, "A submission spreads over the workers").
 
-A track's group name is "<submission>/<track>"; xdist splits group names at "@", so neither
-part may hold one (a directory name never holds "/").
+A submission's track is named "<submission>/<track>" (submission_track), its xdist group's name;
+xdist splits group names at "@", so neither part may hold one (a directory name never holds "/").
 """
 from dataclasses import dataclass, field
 
@@ -85,7 +86,7 @@ def kind_of(name: str) -> str:
 
 @dataclass(frozen=True)
 class Track:
-    """One runner of a submission: its name ("triton-bf16-causal-d64", say), which its group's name
+    """One runner of a submission: its name ("triton-bf16-causal-d64", say), which its submission_track
     and its runner's log carry, and its kind's properties. An unknown name is refused."""
     name: str
     kind: Kind = field(init=False, repr=False, compare=False)
@@ -161,23 +162,23 @@ def per_kernel_tracks(submissions: int, workers: int) -> bool:
     Python, torch, triton, the adapters), and the handout's matrix holds 19 kernels. Where the
     Triton tracks by (dtype, causal flag) already fill the workers, the starts are the CPU's cost
     and nothing is gained: the corpus class on a 2-GPU host, split per kernel, made many more
-    groups and ran CPU-bound, its runner starts taking more core time than one GPU's workers
+    tracks and ran CPU-bound, its runner starts taking more core time than one GPU's workers
     spent on theirs in a whole run, and it recorded fewer checks than one GPU by the same time
     (notes/grading-speed.md, "A shard per Triton kernel on two GPUs"). So a submission is
     spread that thin only while its class's (dtype, causal) tracks would leave workers idle."""
     return submissions * KERNEL_FAMILIES < workers
 
 
-def groups_together(items: list, runner_group) -> None:
-    """Each group's checks one after another, the groups in the order they first appear, each
-    keeping its own order (`runner_group(item)`: the group, or None for a test of no group).
+def tracks_together(items: list, track_of_item) -> None:
+    """Each submission track's checks one after another, the tracks in the order they first appear,
+    each keeping its own order (`track_of_item(item)`: its submission_track, or None for a test of none).
 
-    xdist hands out whole groups, but without it (-n 0) tests run in this list's order, which
-    pytest's own reordering leaves interleaved across submissions; and a process closes a group's
-    runner when the next group's check comes (session.Grading._switch_to). A submission's runner
+    xdist hands out whole tracks, but without it (-n 0) tests run in this list's order, which
+    pytest's own reordering leaves interleaved across submissions; and a process closes a track's
+    runner when the next track's check comes (session.Grading._switch_to). A submission's runner
     then restarted between two of its checks: a cost, and a verdict that depended on -n (a
     replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
-    keys = [runner_group(item) or ("no group", index) for index, item in enumerate(items)]
+    keys = [track_of_item(item) or ("no track", index) for index, item in enumerate(items)]
     first = {}
     for index, key in enumerate(keys):
         first.setdefault(key, index)
@@ -185,9 +186,9 @@ def groups_together(items: list, runner_group) -> None:
     items[:] = [items[index] for index in order]
 
 
-def memory_early(items: list, runner_group) -> None:
-    """Within each group (`runner_group(item)`, None for no group), the memory checks go right after
-    the group's first check of a flash case (its smallest, once smallest_case_first has run), or
+def memory_early(items: list, track_of_item) -> None:
+    """Within each submission track (`track_of_item(item)`, None for none), the memory checks go right
+    after the track's first check of a flash case (its smallest, once smallest_case_first has run), or
     first where it has none; the distributed checks keep their places (first where a runner holds
     them: its ranks serve them one after another), the other checks their order.
 
@@ -197,8 +198,8 @@ def memory_early(items: list, runner_group) -> None:
     case and then again on every smaller one (SubmissionRunner.call fails larger cases at once)."""
     places = {}
     for index, item in enumerate(items):
-        if (group := runner_group(item)) is not None and not is_distributed(item):
-            places.setdefault(group, []).append(index)
+        if (track := track_of_item(item)) is not None and not is_distributed(item):
+            places.setdefault(track, []).append(index)
     for indices in places.values():
         members = [items[i] for i in indices]
         memory = [item for item in members if is_memory(item)]
@@ -213,8 +214,8 @@ def is_memory(item) -> bool:
     return item.module.__name__.rsplit(".", 1)[-1] == "test_memory"
 
 
-def smallest_case_first(items: list, runner_group) -> None:
-    """Within each group (`runner_group(item)`, None for no group), the checks that run a flash case
+def smallest_case_first(items: list, track_of_item) -> None:
+    """Within each submission track (`track_of_item(item)`, None for none), the checks that run a flash case
     go smallest case first, in the places those checks held; the other checks keep theirs.
 
     A runner fails at once every case no smaller than one that timed out (SubmissionRunner.call).
@@ -223,8 +224,8 @@ def smallest_case_first(items: list, runner_group) -> None:
     17x17, a timeout each (tests/self's hostile rubric's, and the rubric's full timeout on a GPU)."""
     places = {}
     for index, item in enumerate(items):
-        if isinstance(flash_case(item), FlashCase) and (group := runner_group(item)) is not None:
-            places.setdefault(group, []).append(index)
+        if isinstance(flash_case(item), FlashCase) and (track := track_of_item(item)) is not None:
+            places.setdefault(track, []).append(index)
     for indices in places.values():
         ordered = sorted((items[i] for i in indices), key=lambda item: flash_case(item).work)  # stable
         for index, item in zip(indices, ordered):
@@ -237,6 +238,6 @@ def flash_case(item):
     return callspec.params.get("case") if callspec is not None else None
 
 
-def group_name(submission: str, track: Track) -> str:
-    """The xdist group of a submission's track, "alice/triton-bf16-causal" ("alice" for WHOLE)."""
+def submission_track(submission: str, track: Track) -> str:
+    """A submission's track by name, "alice/triton-bf16-causal" ("alice" for WHOLE): its xdist group."""
     return f"{submission}{SEPARATOR}{track.name}" if track.name else submission

@@ -99,8 +99,9 @@ class WorkerPlugin:
             shared_probe.adopt(Path(probe["path"]), probe["question"])
 
     def pytest_configure(self, config):
-        # Workers tag each test id with its group, which xdist's worker does only under loadgroup
-        # (the controller schedules by group: grading/controller.py). Only a worker reads it.
+        # Workers tag each test id with its xdist group (its submission's track), which xdist's worker
+        # does only under loadgroup (the controller schedules by them: grading/controller.py). Only a
+        # worker reads it.
         config.option.loadgroup = True
 
     def pytest_generate_tests(self, metafunc):
@@ -147,7 +148,7 @@ class WorkerPlugin:
             state = item.stash[TEST_STATE] = TestState(identity=identify(item, track),
                                                         declared=declared_check(item, self.state.rubric))
             if grouping:
-                item.add_marker(pytest.mark.xdist_group(state.identity.group))
+                item.add_marker(pytest.mark.xdist_group(state.identity.submission_track))
             self.groups[state.identity.check_id] = state.declared.group
             self.collected.setdefault(name, set()).add(state.identity.check_id)
             if not last_failed and not (partial and item.path.resolve() in partial):
@@ -165,13 +166,13 @@ class WorkerPlugin:
         else:  # a runner's distributed checks one after another: its ranks serve them all
             items.sort(key=lambda item: not (submission_of(item) and tracks.is_distributed(item)))
 
-        def runner_group(item):
+        def track_of_item(item):
             state = item.stash.get(TEST_STATE, None)
-            return state.identity.group if state is not None else None
+            return state.identity.submission_track if state is not None else None
 
-        tracks.groups_together(items, runner_group)
-        tracks.smallest_case_first(items, runner_group)
-        tracks.memory_early(items, runner_group)
+        tracks.tracks_together(items, track_of_item)
+        tracks.smallest_case_first(items, track_of_item)
+        tracks.memory_early(items, track_of_item)
 
     @pytest.hookimpl(tryfirst=True)  # before xdist's worker sends the ids to the controller
     def pytest_collection_finish(self, session):

@@ -1,5 +1,5 @@
-"""The xdist scheduler of a grading run (grading/scheduler.py): loadgroup's order, timing groups
-spread and capped per GPU, and the queued tail of a group that proves slow shared with idle workers.
+"""The xdist scheduler of a grading run (grading/scheduler.py): loadgroup's order, timing tracks
+spread and capped per GPU, and the queued tail of a track that proves slow shared with idle workers.
 
 The unit tests drive the scheduler with fake workers that behave as xdist's do (xdist/remote.py):
 each runs its tests in the order it got them, starts one only while holding the next (or once shut
@@ -68,21 +68,21 @@ def nodeid_of(test: str, case: str, track: str, submission: str = "alice", size:
     tests of its `case`, whose size is `size`."""
     identity = CheckIdentity(check_id=f"grading.checks.test_flash::{test}[{submission}-{case}]",
                              submission=submission, track=Track(track), case=case, case_size=size)
-    nodeid = f"{FLASH}::{test}[{submission}-{case}]@{identity.group}"
+    nodeid = f"{FLASH}::{test}[{submission}-{case}]@{identity.submission_track}"
     IDENTITIES[nodeid] = identity
     return nodeid
 
 
-def pairs(group: str, cases: int, submission: str = "alice") -> list:
-    """Forward and backward of `cases` cases of one group, as the plugin orders them."""
-    return [nodeid_of(test, f"case{k}", group, submission)
+def pairs(track: str, cases: int, submission: str = "alice") -> list:
+    """Forward and backward of `cases` cases of one track, as the plugin orders them."""
+    return [nodeid_of(test, f"case{k}", track, submission)
             for k in range(cases) for test in ("test_forward", "test_backward")]
 
 
 def timing(submission: str, slot: str = "triton") -> list:
     identity = CheckIdentity(check_id=f"grading.checks.test_timing::test_budget[{submission}-{slot}]",
                              submission=submission, track=Track(f"timing-{slot}"), case=slot)
-    nodeid = f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{identity.group}"
+    nodeid = f"grading/checks/test_timing.py::test_budget[{submission}-{slot}]@{identity.submission_track}"
     IDENTITIES[nodeid] = identity
     return [nodeid]
 
@@ -144,52 +144,52 @@ def ran_once(scheduler, nodes):
     assert sorted(counts) == list(range(len(scheduler.collection))) and set(counts.values()) == {1}
 
 
-def groups_sent(scheduler, sent) -> list:
+def tracks_sent(scheduler, sent) -> list:
     return [scheduler._split_scope(scheduler.collection[indices[0]]) for _, indices in sent]
 
 
 # -- order --------------------------------------------------------------------------------------
 
-def test_groups_go_out_in_collection_order():
+def test_tracks_go_out_in_collection_order():
     collection = pairs("memory-triton", 2) + pairs("pytorch", 3) + pairs("distributed", 2) + pairs("triton", 2)
     scheduler, nodes, sent = start(collection, 2)
     run(scheduler, nodes, lambda nodeid: 1.0)
-    assert groups_sent(scheduler, sent) == ["alice/memory-triton", "alice/pytorch", "alice/distributed",
+    assert tracks_sent(scheduler, sent) == ["alice/memory-triton", "alice/pytorch", "alice/distributed",
                                             "alice/triton"]
     ran_once(scheduler, nodes)
     assert scheduler.tests_finished and not scheduler.has_pending and not scheduler.steals
 
 
-def test_timing_groups_are_spread_through_the_queue():
+def test_timing_tracks_are_spread_through_the_queue():
     keys = [(f"s{k}/pytorch", 0) for k in range(8)] + [(f"s{k}/timing-triton", 0) for k in range(4)]
-    is_timing = lambda group: "timing" in group  # noqa: E731
+    is_timing = lambda track: "timing" in track  # noqa: E731
     spread = [key[0] for key in spread_timing(keys, is_timing)]
-    assert [k for k, group in enumerate(spread) if "timing" in group] == [1, 4, 7, 10]  # (j + 0.5) * 12 / 4
+    assert [k for k, track in enumerate(spread) if "timing" in track] == [1, 4, 7, 10]  # (j + 0.5) * 12 / 4
     assert [g for g in spread if "timing" in g] == [f"s{k}/timing-triton" for k in range(4)]  # their own order
     assert [g for g in spread if "timing" not in g] == [f"s{k}/pytorch" for k in range(8)]
     assert spread_timing(keys[8:], is_timing) == keys[8:]  # nothing else left: in order
 
 
-def test_at_most_timing_per_gpu_timing_groups_in_progress_on_a_gpu():
-    # Two groups and four timing groups (last, as the plugin sorts them): the queue is
+def test_at_most_timing_per_gpu_timing_tracks_in_progress_on_a_gpu():
+    # Two tracks and four timing tracks (last, as the plugin sorts them): the queue is
     # s0 timing, s0, s1 timing, s2 timing, s1, s3 timing (spread_timing).
     collection = pairs("pytorch", 2, "s0") + pairs("pytorch", 2, "s1") + [t for k in range(4) for t in timing(f"s{k}")]
     scheduler, nodes, sent = start(collection, 6, timing_per_gpu=2)
-    first = {worker: group for (worker, _), group in zip(sent, groups_sent(scheduler, sent))}
-    # gw3 found two timing groups in progress on its GPU, and took the next group that is not one;
-    # gw4 found only timing groups left, and took one all the same
+    first = {worker: track for (worker, _), track in zip(sent, tracks_sent(scheduler, sent))}
+    # gw3 found two timing tracks in progress on its GPU, and took the next track that is not one;
+    # gw4 found only timing tracks left, and took one all the same
     assert first == {"gw0": "s0/timing-triton", "gw1": "s0/pytorch", "gw2": "s1/timing-triton",
                      "gw3": "s1/pytorch", "gw4": "s2/timing-triton", "gw5": "s3/timing-triton"}
 
     # On two GPUs (workers round-robin, as session.Grading.worker_gpu pins them) gw3's GPU has none yet.
     scheduler, nodes, sent = start(collection, 6, gpus=2, timing_per_gpu=2)
-    first = {worker: group for (worker, _), group in zip(sent, groups_sent(scheduler, sent))}
+    first = {worker: track for (worker, _), track in zip(sent, tracks_sent(scheduler, sent))}
     assert first["gw3"] == "s2/timing-triton" and first["gw4"] == "s1/pytorch"
 
 
-def test_a_timing_group_waits_for_its_gpu_while_other_groups_are_left():
-    """Timing 50 s, other checks 1 s, one timing group at a time: the second waits for the first
-    to end, while the workers take the groups behind it."""
+def test_a_timing_track_waits_for_its_gpu_while_other_tracks_are_left():
+    """Timing 50 s, other checks 1 s, one timing track at a time: the second waits for the first
+    to end, while the workers take the tracks behind it."""
     collection = [t for k in range(3) for t in timing(f"s{k}")]
     collection = [test for k in range(6) for test in pairs("pytorch", 2, f"p{k}")] + collection
     scheduler, nodes, sent = start(collection, 3, timing_per_gpu=1)
@@ -204,19 +204,19 @@ def test_a_timing_group_waits_for_its_gpu_while_other_groups_are_left():
         return 50.0 if "timing" in nodeid else 1.0
 
     run(scheduler, nodes, seconds)
-    order = groups_sent(scheduler, sent)
-    assert order.index("s1/timing-triton") > order.index("p5/pytorch")  # passed by every group behind it
+    order = tracks_sent(scheduler, sent)
+    assert order.index("s1/timing-triton") > order.index("p5/pytorch")  # passed by every track behind it
     assert not any(over)
     ran_once(scheduler, nodes)
 
 
-# -- sharing a slow group ----------------------------------------------------------------------
+# -- sharing a slow track ----------------------------------------------------------------------
 
 SLOW = "triton-bf16-causal"
 
 
 def slow_and_quick():
-    """gw0: a slow group (6 cases, forward and backward, 20 s a check); gw1: a group of 4 checks of 30 s."""
+    """gw0: a slow track (6 cases, forward and backward, 20 s a check); gw1: a track of 4 checks of 30 s."""
     return pairs(SLOW, 6) + [nodeid_of("test_forward", f"case{k}", "pytorch", "bob") for k in range(4)]
 
 
@@ -224,7 +224,7 @@ def seconds_of(nodeid):
     return 20.0 if SLOW in nodeid else 30.0
 
 
-def test_a_slow_groups_tail_is_stolen_by_an_idle_worker_and_completed_there():
+def test_a_slow_tracks_tail_is_stolen_by_an_idle_worker_and_completed_there():
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     took = run(scheduler, nodes, seconds_of)
     # At 90 s gw1 is idle and gw0, four checks done, has six queued behind its two: 120 s. The later
@@ -264,8 +264,8 @@ def slow_triton_seconds(nodeid):
 def test_a_triton_check_that_runs_long_moves_its_submissions_triton_tracks_up():
     scheduler, nodes, sent = start(slow_triton_class(), 3)
     took = run(scheduler, nodes, slow_triton_seconds, logstart=True)
-    order = groups_sent(scheduler, sent)
-    # Each of the three workers holds two groups from the start. At 60 s the memory check still
+    order = tracks_sent(scheduler, sent)
+    # Each of the three workers holds two tracks from the start. At 60 s the memory check still
     # runs: slow's Triton tracks go next, in their own order, before quick5 to quick7's PyTorch tracks.
     assert order[:8] == ["slow/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + \
         ["slow/triton-bf16-full", "slow/triton-bf16-causal"]
@@ -286,7 +286,7 @@ def test_only_the_triton_slot_running_long_moves_tracks():
     scheduler, nodes, sent = start(collection, 2)
     run(scheduler, nodes, lambda nodeid: 90.0 if "compiled/pytorch" in nodeid else 30.0, logstart=True)
     assert not scheduler.promotions and not scheduler.slow
-    assert groups_sent(scheduler, sent)[-1] == "compiled/triton-bf16-full"
+    assert tracks_sent(scheduler, sent)[-1] == "compiled/triton-bf16-full"
 
     scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=1.0)
     run(scheduler, nodes, slow_triton_seconds, logstart=True)
@@ -316,20 +316,20 @@ def test_a_checks_identity_comes_from_its_parameters():
     forward = identify(item("test_forward", slot="triton", tier="bf16", case=case), Track(SLOW))
     backward = identify(item("test_backward", slot="triton", tier="bf16", case=case), Track(SLOW))
     assert forward.shared_call == backward.shared_call == f"triton-bf16-{case.id}"
-    assert forward.case_size == 2 * 113 * 203 * 64 and forward.group == f"alice/{SLOW}"
+    assert forward.case_size == 2 * 113 * 203 * 64 and forward.submission_track == f"alice/{SLOW}"
     alone = identify(item("test_ddp_bucketing"), Track("distributed"))
     assert alone.shared_call == alone.check_id == "grading.checks.test_flash::test_ddp_bucketing[...]"
     assert alone.case_size is None
     assert CheckIdentity.from_json(forward.to_json()) == forward
-    # a test the controller has no identity of (not a grading test) shares nothing and keeps loadgroup's group
+    # a test the controller has no identity of (not a grading test) shares nothing and keeps loadgroup's track
     scheduler, _, _ = start(pairs("pytorch", 1), 1)
     assert scheduler.shared_call("tests/test_x.py::test_y[a@b]") == "tests/test_x.py::test_y[a@b]"
     assert scheduler.case_size("tests/test_x.py::test_y[a@b]") is None
 
 
-def test_a_worker_never_given_a_group_waits_to_share_one():
-    """More workers than groups: the spare one stays up (it holds no test back) and takes half of a
-    slow group once it has proved slow."""
+def test_a_worker_never_given_a_track_waits_to_share_one():
+    """More workers than tracks: the spare one stays up (it holds no test back) and takes half of a
+    slow track once it has proved slow."""
     scheduler, nodes, sent = start(pairs(SLOW, 6), 2)
     assert not nodes[1].shutting_down and not nodes[1].queue
     run(scheduler, nodes, seconds_of)
@@ -337,16 +337,16 @@ def test_a_worker_never_given_a_group_waits_to_share_one():
     ran_once(scheduler, nodes)
 
 
-def test_no_steal_before_a_check_of_the_group_has_completed():
-    # the slow group's first check takes 1000 s: when gw1 runs out it has proved nothing
+def test_no_steal_before_a_check_of_the_track_has_completed():
+    # the slow track's first check takes 1000 s: when gw1 runs out it has proved nothing
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     run(scheduler, nodes, lambda nodeid: 1000.0 if nodeid == scheduler.collection[0] else seconds_of(nodeid))
     assert not scheduler.steals and not nodes[1].ran[4:]
     ran_once(scheduler, nodes)
 
 
-def test_after_a_timeout_only_the_groups_smaller_cases_are_shared():
-    # A group of cases in no order of size; its 1024-long case timed out: the victim's runner fails
+def test_after_a_timeout_only_the_tracks_smaller_cases_are_shared():
+    # A track of cases in no order of size; its 1024-long case timed out: the victim's runner fails
     # every case at least that large at once, so only the smaller ones are worth a thief's runner.
     sizes = [17, 1024, 2048, 33, 4096, 65, 129, 257]
     cases = [f"bf16-{n}x{n}-d64-causal" for n in sizes]
@@ -363,7 +363,7 @@ def test_after_a_timeout_only_the_groups_smaller_cases_are_shared():
 
 def test_a_check_running_most_of_the_timeout_is_shared_around_as_timed_out():
     """A 1024-long case runs 400 s from 40 s on: when the other worker runs out, at 300 s, it has run
-    past two thirds of a 300 s flash timeout, so the group's cases at least that large stay with its
+    past two thirds of a 300 s flash timeout, so the track's cases at least that large stay with its
     runner, which fails them at once should it time out, and only the smaller ones are shared.
     Without logstart (no check known to be running) the victim's larger cases go to the thief."""
     sizes = [17, 1024, 33, 2048, 65, 4096, 129, 8192, 257, 16384]
@@ -385,7 +385,7 @@ def test_a_check_running_most_of_the_timeout_is_shared_around_as_timed_out():
     assert max(stolen_sizes(logstart=False)) > 1024 * 1024 * 64
 
 
-def test_a_timeout_of_a_check_without_a_size_keeps_its_group_whole():
+def test_a_timeout_of_a_check_without_a_size_keeps_its_track_whole():
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     scheduler.timed_out(nodeid_of("test_forward", "case0", SLOW))  # no flash case among its parameters
     run(scheduler, nodes, seconds_of)
@@ -404,7 +404,7 @@ def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
     ran_once(scheduler, nodes)
 
 
-def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
+def test_a_track_that_timed_out_shares_only_smaller_cases(tmp_path):
     """The controller's plugin tells the scheduler the case of a check that timed out."""
     from grading.controller import ControllerPlugin
     from grading.durations import Durations
@@ -413,10 +413,10 @@ def test_a_group_that_timed_out_shares_only_smaller_cases(tmp_path):
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     plugin = SimpleNamespace(collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
                              state=SimpleNamespace(reports=tmp_path), count_done=lambda name: None, clock={})
-    for outcome, group in (("passed", "pytorch"), ("timeout", SLOW)):
+    for outcome, track in (("passed", "pytorch"), ("timeout", SLOW)):
         case = "bf16-113x203-d64-causal"
         record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
-        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, group, size=113 * 203 * 64), when="call",
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, track, size=113 * 203 * 64), when="call",
                                  duration=1.0, start=1.0, stop=2.0,
                                  user_properties=[(protocol.SUBMISSION, "alice"), (protocol.CHECK, record.to_json())])
         ControllerPlugin.pytest_runtest_logreport(plugin, report)
@@ -466,7 +466,7 @@ import pytest
 import grading.scheduler
 from grading.controller import ControllerPlugin
 
-grading.scheduler.STEAL_MIN_S = 0.0  # any group with a completed check and a queued one is shared
+grading.scheduler.STEAL_MIN_S = 0.0  # any track with a completed check and a queued one is shared
 
 
 @pytest.hookimpl(trylast=True)  # after the controller's plugin read the worker's identities
@@ -502,6 +502,6 @@ def test_a_class_graded_under_xdist_with_the_scheduler(tmp_path):
     assert len(seen) == 2 and seen[0] == seen[1] and len(seen[0]) == 12
     identities = [CheckIdentity.from_json(data) for data in seen[0].values()]
     for nodeid, identity in zip(seen[0], identities):
-        assert nodeid == f"{FLASH}::{identity.check_id.partition('::')[2]}@{identity.group}", nodeid
+        assert nodeid == f"{FLASH}::{identity.check_id.partition('::')[2]}@{identity.submission_track}", nodeid
     assert {i.submission for i in identities} == {"reference"}
     assert len({i.shared_call for i in identities}) == 6 and all(i.case_size for i in identities)

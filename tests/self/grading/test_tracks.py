@@ -87,9 +87,9 @@ def test_the_pytorch_slots_memory_check_shares_the_slots_runner():
     assert MEMORY_CASE.n_queries * MEMORY_CASE.n_keys >= 8 * MEMORY_CASE.n_queries * 128
 
 
-def test_memory_checks_go_early_in_their_group():
+def test_memory_checks_go_early_in_their_track():
     """Collected last, the tiling requirement came after some eighty cases of its runner. Right after
-    the group's smallest case: a class that hangs times out there once, and the memory case fails at
+    the track's smallest case: a class that hangs times out there once, and the memory case fails at
     once as larger (first, it timed out on the memory case and then again on the smallest)."""
     small = FlashCase(n_queries=17, n_keys=17)
     items = [item("test_flash", "test_forward", slot="pytorch", case=small),
@@ -98,9 +98,9 @@ def test_memory_checks_go_early_in_their_group():
              item("test_flash", "test_forward", slot="triton", case=CASE),
              item("test_memory", "test_no_score_matrix", slot="pytorch", phase="backward"),
              item("test_memory", "test_no_score_matrix", slot="triton", phase="forward")]
-    group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", "c"])}
+    track = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", "c"])}
     ordered = list(items)
-    tracks.memory_early(ordered, lambda i: group[id(i)])
+    tracks.memory_early(ordered, lambda i: track[id(i)])
     assert [items.index(i) for i in ordered] == [0, 2, 4, 3, 1, 5]
 
 
@@ -131,17 +131,17 @@ def test_every_runner_of_flash_checks_gets_a_second_input():
     assert [case.id for _, case in matrix.replay_cases("triton", False)] == ["fp32-64x64-d16-full"]
 
 
-def test_every_track_of_every_submission_is_a_group_of_its_own():
+def test_every_track_of_every_submission_is_an_xdist_group_of_its_own():
     names, kinds = ("alice", "s1", "s10", "bob.smith"), ("", "triton-bf16-causal-d64", "distributed")
-    groups = [tracks.group_name(name, Track(track)) for name in names for track in kinds]
+    groups = [tracks.submission_track(name, Track(kind)) for name in names for kind in kinds]
     assert len(set(groups)) == len(groups)
-    assert not any("@" in group for group in groups)  # xdist splits group names at "@"
+    assert not any("@" in group for group in groups)  # xdist splits its group names at "@"
 
 
 def test_heaviest_tracks_run_first():
-    """Groups are collected longest first (tracks.HEAVY_FIRST), Triton memory, whose cost has no
+    """Tracks are collected longest first (tracks.HEAVY_FIRST), Triton memory, whose cost has no
     bound for a slow Triton slot, first of all, and timing last; the scheduler hands them out in
-    that order but for the timing groups, which it spreads through the run (test_scheduler.py)."""
+    that order but for the timing tracks, which it spreads through the run (test_scheduler.py)."""
     names = ["pytorch", "distributed", "triton-bf16-causal-d64", "timing-pytorch", "timing-triton", "triton",
              "memory-triton"]
     ordered = sorted(names, key=lambda name: Track(name).rank)
@@ -190,18 +190,18 @@ def test_a_tests_check_is_what_its_module_declares():
     assert (sharded.part, sharded.check) == ("sharded_optimizer", "state_sharded")
 
 
-def test_a_groups_checks_run_together():
-    """Without xdist the list's order is the run order, and a process closes a group's runner when
-    another group's check comes: each group together, in the order the groups first appear."""
+def test_a_tracks_checks_run_together():
+    """Without xdist the list's order is the run order, and a process closes a track's runner when
+    another track's check comes: each track together, in the order the tracks first appear."""
     items = [item("test_flash", "test_forward", slot="pytorch", case=CASE) for _ in range(6)]
-    group = {id(i): g for i, g in zip(items, ["a", "b", None, "a", "b", "a"])}
+    track = {id(i): g for i, g in zip(items, ["a", "b", None, "a", "b", "a"])}
     ordered = list(items)
-    tracks.groups_together(ordered, lambda i: group[id(i)])
+    tracks.tracks_together(ordered, lambda i: track[id(i)])
     place = {id(i): k for k, i in enumerate(items)}  # the items are equal: tell them apart by identity
     assert [place[id(i)] for i in ordered] == [0, 3, 5, 1, 4, 2]
 
 
-def test_a_groups_flash_checks_go_smallest_case_first():
+def test_a_tracks_flash_checks_go_smallest_case_first():
     """A runner fails at once a case no smaller than one that timed out: smallest first, a
     submission that hangs waits out one timeout, not one per size (tracks.smallest_case_first)."""
     big, small = FlashCase(n_queries=1024, n_keys=1024, dtype="bfloat16"), FlashCase(n_queries=17, n_keys=17)
@@ -211,11 +211,11 @@ def test_a_groups_flash_checks_go_smallest_case_first():
              item("test_flash", "test_forward", slot="triton", case=big),
              item("test_flash", "test_forward", slot="pytorch", case=small),
              item("test_flash", "test_backward", slot="pytorch", case=small)]
-    group = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", None])}
+    track = {id(i): g for i, g in zip(items, ["a", "a", "a", "b", "a", None])}
     ordered = list(items)
-    tracks.smallest_case_first(ordered, lambda i: group[id(i)])
-    # group a's three flash checks fill group a's flash places smallest first; the memory check keeps
-    # its place, group b's and the ungrouped check theirs
+    tracks.smallest_case_first(ordered, lambda i: track[id(i)])
+    # track a's three flash checks fill track a's flash places smallest first; the memory check keeps
+    # its place, track b's and the ungrouped check theirs
     assert [items.index(i) for i in ordered] == [4, 1, 2, 3, 0, 5]
 
 
