@@ -21,15 +21,20 @@ import sys
 from collections import Counter
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from grading.results.gradescope import status_of  # noqa: E402
+
 CUT = "cut: this submission's time limit"
 
 
 def verdicts(reports: Path) -> dict:
-    """check name -> (status, score), over every submission in `reports`."""
+    """check name -> (Gradescope's status, score), over every submission in `reports`. Reads
+    results.json as this grader writes it (each entry a check record plus its score); one of a
+    grader older than that is not read: regrade, or compare the check files (--checks)."""
     found = {}
     for path in sorted(reports.glob("*/results.json")):
         for test in json.loads(path.read_text())["tests"]:
-            found[test["name"]] = (test.get("status"), test.get("score"))
+            found[test["name"]] = (status_of(test), test.get("score"))
     return found
 
 

@@ -5,10 +5,12 @@ It schedules a class over the xdist workers (`--dist loadgroup`, each xdist grou
 submission, grading/tracks.py: a track's checks stay on one worker, so its runner starts once, but
 for the tail of a track that proves slow, which idle workers share: grading/scheduler.py),
 writes each check the moment its report comes (grading/worker.py sends it), keeps each
-submission's info.json, and at the end assembles every submission's results.json, builds the HTML
-reports and prints where the time went. Only this process writes under reports/
+submission's info.json, assembles a submission's results.json when its last check finishes (at the
+end, those that never got there or whose facts moved since), builds the HTML reports at the end
+and prints where the time went. Only this process writes under reports/
 (grading/results/store.py says which file is whose).
 """
+import json
 import os
 import shutil
 import tempfile
@@ -72,6 +74,7 @@ class ControllerPlugin:
         self.groups = {}  # test id -> its rubric group
         self.info = {}  # submission name -> its info.json (this process is the file's one writer)
         self.clock = {}  # submission name -> [its first test's start, its last test's end] (time.time)
+        self.assembled = {}  # submission name -> (the facts its results.json was assembled from, its results)
         self.durations = Durations()
         self.runner_seen = set()
         self.probe = None  # the isolation probe the workers share (shared_probe.py)
@@ -279,6 +282,7 @@ class ControllerPlugin:
         if name not in self.pending:
             return
         self.pending[name] -= 1
+        self.assembled.pop(name, None)  # a check recorded after its results.json: the end assembles it again
         if self.pending[name] == 0:
             done = sum(1 for v in self.pending.values() if v <= 0)
             graded = self.assemble(name)
@@ -287,10 +291,34 @@ class ControllerPlugin:
                      + (" (incomplete: not final)" if graded["extra_data"]["incomplete"] else ""))
 
     def assemble(self, name):
-        if name in self.clock and name in self.info:  # the wall clock from its first test to its last, this session
-            self.info[name]["wall_seconds"] = round(self.clock[name][1] - self.clock[name][0], 1)
+        """Write the submission's results.json (scoring.assemble), and remember what it was made from."""
+        if self.note_wall_clock(name):
             store.write_info(self.state.reports, name, self.info[name])
-        return scoring.assemble(self.state.reports, name, self.state.rubric)
+        graded = scoring.assemble(self.state.reports, name, self.state.rubric)
+        self.assembled[name] = (self.facts(name), graded)
+        return graded
+
+    def note_wall_clock(self, name) -> bool:
+        """Its wall clock from its first test to its last, this session, into its info (in memory);
+        False where it has none."""
+        if name not in self.clock or name not in self.info:
+            return False
+        self.info[name]["wall_seconds"] = round(self.clock[name][1] - self.clock[name][0], 1)
+        return True
+
+    def facts(self, name) -> str:
+        return json.dumps(self.info.get(name), sort_keys=True, default=str)
+
+    def assembled_as_now(self, name):
+        """The results count_done assembled, where nothing they are made from changed since, else
+        None. Check files change only with a report's record (count_done forgets the results
+        then); the info can change after the last check, by its test's teardown report: a runner's
+        facts, or the wall clock, which ends with the teardown."""
+        if name not in self.assembled:
+            return None
+        self.note_wall_clock(name)
+        facts, graded = self.assembled[name]
+        return graded if facts == self.facts(name) else None
 
     # -- what it prints ----------------------------------------------------------------------
     def show_rubric(self):
@@ -348,8 +376,8 @@ class ControllerPlugin:
         if self.config.option.collectonly or self.no_checks:
             return
         self.durations.mark("scoring")
-        for s in self.state.submissions:
-            graded = self.assemble(s.name)
+        for s in self.state.submissions:  # assembled once, unless it never finished or its facts moved
+            graded = self.assembled_as_now(s.name) or self.assemble(s.name)
             self.summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         # The class of the folder is this run's, written with its pages: a run that stopped before
         # grading (no check collected, a usage error) leaves the last run's class as it was.

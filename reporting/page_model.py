@@ -1,9 +1,10 @@
 """Read reports/<name>/results.json into what the templates show: a SubmissionReport per file,
-its parts, and its checks as grading.results.record.CheckRecord (CheckRecord.from_gradescope).
+its parts, and its checks as grading.results.record.CheckRecord (CheckRecord.from_json: each entry
+of results.json is a check file's JSON plus its score, read with the check file's own codec).
 
-results.json is written by the grading plugin in Gradescope's schema, but everything in it is
-treated as untrusted and possibly incomplete: a missing key degrades to a dash, never a crash,
-because a page that fails to build hides the very submission someone needs to look at.
+results.json is written by the grading plugin, but everything in it is treated as untrusted and
+possibly incomplete: a missing key degrades to a dash, never a crash, because a page that fails
+to build hides the very submission someone needs to look at.
 
 Parts come in the order results.json lists them (the rubric's, as scoring.assemble writes
 them), labelled as it labels them, the part's key standing in for a missing label.
@@ -375,7 +376,7 @@ def load_report(path: Path, student_view: bool = False) -> SubmissionReport:
     extra = as_dict(data.get("extra_data"))
     default_visibility = as_text(data.get("visibility")) or "visible"
     submission = as_text(extra.get("submission")) or name
-    checks = [CheckRecord.from_gradescope(t, submission, default_visibility)
+    checks = [CheckRecord.from_json(t, submission, default_visibility)
               for t in data.get("tests") or [] if isinstance(t, dict)]
     hidden_count = 0
     if student_view:

@@ -1,18 +1,20 @@
 """Gradescope's page for one submission: one test per rubric group, with Markdown output.
 
-results.json has a test per check (~180 of 0.1 to 1.33 points), which the HTML pages, grades.csv
-and bench/ read. Gradescope shows every test of the file it gets as a box, so `grouped` turns one
-results.json into the file Gradescope gets (scoring.assemble writes it as gradescope.json):
-a test per rubric group (~37), numbered in course order, that says how many of its checks passed
-and why the others did not, each diagnosis once with the cases that share it.
+results.json has an entry per check (~180 of 0.1 to 1.33 points): the check's record as its check
+file holds it plus its score, which the HTML pages, grades.csv and bench/ read. This module alone
+knows Gradescope's shape (status, output, tags, extra_data, ...). Gradescope shows every test of
+the file it gets as a box, so `grouped` turns one results.json into the file Gradescope gets
+(scoring.assemble writes it as gradescope.json): a test per rubric group (~37), numbered in
+course order, that says how many of its checks passed and why the others did not, each diagnosis
+once with the cases that share it.
 
 The fields and their values are Gradescope's autograder specification,
 https://gradescope-autograders.readthedocs.io/en/latest/specs/ ("Output format", "Test case
 status", "Output String Formatting"), and for `leaderboard`
 https://gradescope-autograders.readthedocs.io/en/latest/leaderboards/.
 
-results.json is read through CheckRecord.from_gradescope, which never raises on an old or
-malformed entry. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
+results.json's entries are read through CheckRecord.from_json, which never raises on a
+malformed one. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
 from fa2_sandbox.wire.outcomes import GRADESCOPE_FAILED, GRADESCOPE_PASSED, PASSED, SKIPPED
@@ -47,11 +49,17 @@ def group_name(key: str, labels: dict, advice: bool) -> str:
 
 def status(records: list) -> str | None:
     """failed if any check failed; passed if every check passed (or does not apply); None when the
-    rest were not graded (a grader error, a check that needs a GPU), as CheckRecord.to_gradescope
-    does per check. With no status Gradescope judges the test by its score."""
+    rest were not graded (a grader error, a check that needs a GPU), as the outcome's row says per
+    check (fa2_sandbox/wire/outcomes.py). With no status Gradescope judges the test by its score."""
     if any(r.row.gradescope == GRADESCOPE_FAILED for r in records):
         return GRADESCOPE_FAILED
     return GRADESCOPE_PASSED if records and all(r.passed for r in records) else None
+
+
+def status_of(entry: dict) -> str | None:
+    """The status Gradescope would give one results.json entry (a check) on its own: passed,
+    failed, or None (a grader error, a check not graded here). bench/ and the tests judge by it."""
+    return CheckRecord.from_json(entry).row.gradescope
 
 
 def reason(r: CheckRecord) -> str:
@@ -127,9 +135,8 @@ def grouped(results: dict, rubric) -> dict:
     tests = [t for t in results.get("tests") or [] if isinstance(t, dict)]
     records = []
     for test in tests:
-        r = CheckRecord.from_gradescope(test, as_text(extra.get("submission")))
-        r.group = (as_text(as_dict(test.get("extra_data")).get("group"))
-                   or rubric.group_of(r.part, r.check, r.tier).rstrip("."))
+        r = CheckRecord.from_json(test, as_text(extra.get("submission")))
+        r.group = r.group or rubric.group_of(r.part, r.check, r.tier).rstrip(".")
         records.append(r)
 
     # Groups in course order: the rubric's, then any group it does not know, in the order met.

@@ -1,10 +1,15 @@
-"""One check's record, from the test that makes it to the page that shows it.
+"""One check's record, from the test that makes it to the page that shows it, in one format.
 
-A CheckRecord is what the grader found for one check (grading/check.py Check fills it),
-what travels from an xdist worker to the controller (`to_json`, on the test report), what a
-check file holds (grading/results/store.py), one entry of Gradescope's results.json
-`tests[]` once scored (grading/results/scoring.py, `to_gradescope`), and what the report pages
-show (`from_gradescope`, reporting/page_model.py).
+A CheckRecord is what the grader found for one check (grading/check.py Check fills it). Its JSON
+(`to_json`, read back by `from_json`) is its one stored format: what travels from an xdist worker
+to the controller (on the test report), what a check file holds (grading/results/store.py), and,
+with the score fields added once scored (`to_scored_json`, grading/results/scoring.py), one entry
+of results.json's `tests[]`, which the report pages read back with `from_json` too
+(reporting/page_model.py). Only the Gradescope export (grading/results/gradescope.py, written as
+gradescope.json) knows Gradescope's shape.
+
+A new evidence field is a field below and its name in EVIDENCE: the JSON and its reader follow
+from those (`_read` reads a field by its annotation), and a template shows it.
 
 Invariants:
 - `name` is "<submission>::<part>::<check>[<case>]" (no brackets without a case): check files
@@ -13,13 +18,14 @@ Invariants:
   an attention case: batch, n_queries, n_keys, head_dim, dtype, is_causal, noncontiguous,
   score_scale, score_shift), or {} for a check whose case is only a name (DDP flavours, say).
 - Evidence fields are None when the check has none; None fields are left out of the JSON.
-- results.json is untrusted and possibly old or incomplete: `from_gradescope` never raises on a
-  missing or malformed key, it falls back to a default (and to parsing the test's name only
-  where extra_data lacks the fields).
+- results.json is untrusted and possibly incomplete: `from_json` never raises on a missing or
+  malformed key, it falls back to the field's default. A results.json of a grader older than this
+  format (Gradescope's entries, the record in `extra_data`) is not read: regrade it.
 """
 import json
 import re
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
+from typing import get_args
 
 from fa2_sandbox.wire.outcomes import ERROR, FAILED, GRADER_ERROR, NOT_GRADED_HERE, PASSED, UNSETTLED, row_of  # noqa: F401
 
@@ -31,10 +37,8 @@ ADVICE_PREFIX = "beyond the handout"
 # Keys of one verdict the pages read; filled with None when results.json lacks them.
 VERDICT_KEYS = ("ok", "reason", "max_err", "max_bound", "mean_err", "mean_bound", "worst_index",
                 "oracle_at_worst", "actual_at_worst")
-# Evidence a check may carry, in the order results.json has always listed it.
+# Evidence a check may carry, in the order its JSON lists it.
 EVIDENCE = ("verdicts", "heatmap", "timing", "memory", "precision", "attempts", "retried_after", "see_also")
-# How an older results.json is read: the identity from the test's name.
-_NAME = re.compile(r"^(?:(?P<submission>[^:]*)::)?(?P<part>[^:]+)::(?P<check>[^\[]+)(?:\[(?P<case>.*)\])?$")
 
 
 def grader_error_diagnosis(attempts: list) -> str:
@@ -77,7 +81,7 @@ class CheckRecord:
     nodeid: str | None = None  # the pytest test id, without xdist's "@group"
     recorded_at: float | None = None  # when the controller wrote the check file
     stand_in: bool = False  # made by the plugin for a test that failed before it made its check
-    # What scoring adds (scoring.assemble), or reading results.json gives back.
+    # What scoring adds (scoring.assemble): results.json's entries hold them, check files do not.
     score: float = 0.0
     max_score: float = 0.0
     visibility: str = "visible"
@@ -114,11 +118,26 @@ class CheckRecord:
         return data
 
     @classmethod
-    def from_json(cls, data: dict) -> "CheckRecord":
-        """A record from its check file or message; keys it does not know ("name", derived) are ignored."""
-        known = {f.name for f in fields(cls)} - {"score", "max_score", "visibility"}
-        record = cls(**{k: v for k, v in data.items() if k in known})
-        record.case_fields = record.case_fields if isinstance(record.case_fields, dict) else {}
+    def from_json(cls, data, submission: str = "", default_visibility: str = "visible") -> "CheckRecord":
+        """A record from its JSON: a worker's message, a check file, or a results.json entry (which
+        adds the score fields). Never raises: a key missing or of the wrong type gives the field's
+        default (None for evidence), since the pages read results.json as untrusted. Keys it does not
+        know ("name", derived) are ignored.
+
+        submission / default_visibility: what a results.json entry that lacks them falls back to.
+        """
+        data = as_dict(data)
+        record = cls(**{f.name: _read(data.get(f.name), f) for f in fields(cls)})
+        record.submission = record.submission or submission
+        record.part = record.part or "other"
+        record.check = record.check or as_text(data.get("name")) or "(unnamed check)"
+        record.output = record.output.strip("\n")
+        if not record.diagnosis and record.outcome != PASSED:  # the page groups and heads a check by it
+            record.diagnosis = (grader_error_diagnosis([]) if record.outcome == GRADER_ERROR
+                                else record.output.partition("\n")[0])
+        if not isinstance(data.get("advice"), bool):  # not said: the rule the grader uses
+            record.advice = record.source.lower().startswith(ADVICE_PREFIX)
+        record.visibility = as_text(data.get("visibility")) or default_visibility
         return record
 
     def update(self, **values):
@@ -130,86 +149,15 @@ class CheckRecord:
             if value is not None:
                 setattr(self, key, value)
 
-    # -- Gradescope ---------------------------------------------------------------------------
+    def to_scored_json(self) -> dict:
+        """One entry of results.json `tests[]`: the check file's JSON plus what scoring gave it."""
+        return {**self.to_json(), "score": round(self.score, 4), "max_score": round(self.max_score, 4),
+                "visibility": self.visibility}
+
     @property
     def passed(self) -> bool:
         """Gradescope's status: a skipped check passes (0 / 0)."""
         return self.row.passed
-
-    def to_gradescope(self) -> dict:
-        """One entry of results.json `tests[]`, once scored (score, max_score, visibility set).
-
-        A grader error, or a check not graded on this machine, has no status: Gradescope shows a
-        test with none by its score and the output sentence; "failed" would tell the student they
-        lost something. A grader error's traceback stays in extra_data.grader_output, for staff.
-        """
-        broken = self.outcome == GRADER_ERROR
-        extra = {"part": self.part, "check": self.check, "case": self.case}
-        if self.case_fields:
-            extra["case_fields"] = self.case_fields
-        extra.update({"tier": self.tier, "outcome": self.outcome, "diagnosis": self.diagnosis})
-        for key in ("verdicts", "heatmap", "timing", "memory", "seconds", "precision", "attempts",
-                    "retried_after", "see_also"):
-            if getattr(self, key) is not None:
-                extra[key] = getattr(self, key)
-        extra.update({"source": self.source, "advice": self.advice})
-        test = {"name": self.name, "score": round(self.score, 4), "max_score": round(self.max_score, 4),
-                "status": self.row.gradescope,
-                "output": (self.diagnosis or grader_error_diagnosis([])) if broken else self.output,
-                "tags": [self.part, self.tier or ""] + (["advice"] if self.advice else []),
-                "visibility": self.visibility, "extra_data": extra}
-        if test["status"] is None:
-            del test["status"]
-        if broken:
-            extra["grader_output"] = self.output
-        return test
-
-    @classmethod
-    def from_gradescope(cls, test: dict, submission: str = "", default_visibility: str = "visible"):
-        """A record from one results.json test entry, however old or incomplete.
-
-        submission: the submission the file is about, used when the test's name does not say.
-        """
-        extra = as_dict(test.get("extra_data"))
-        name = as_text(test.get("name")) or "(unnamed check)"
-        parsed = _NAME.match(name)
-        from_name = parsed.groupdict() if parsed else {}
-        status = as_text(test.get("status"))
-        outcome = as_text(extra.get("outcome")) or status or FAILED
-        output = as_text(test.get("output")).strip("\n")
-        diagnosis = as_text(extra.get("diagnosis"))
-        if not diagnosis and outcome != PASSED:  # an older file: the output's first line says it
-            diagnosis = output.partition("\n")[0]
-        if outcome == GRADER_ERROR:  # the output is the sentence; the record's output, the traceback
-            output = as_text(extra.get("grader_output")).strip("\n") or output
-        tags = [as_text(t) for t in test["tags"]] if isinstance(test.get("tags"), list) else []
-        source = as_text(extra.get("source")).strip()
-        advice = extra.get("advice")
-        if not isinstance(advice, bool):  # not said: the rule the grader uses, or its tag
-            advice = source.lower().startswith(ADVICE_PREFIX) or "advice" in tags
-        heatmap = extra.get("heatmap")
-        precision = as_text(extra.get("precision")).strip().lower()
-        return cls(
-            submission=from_name.get("submission") or submission,
-            part=as_text(extra.get("part")) or from_name.get("part") or "other",
-            check=as_text(extra.get("check")) or from_name.get("check") or name,
-            case=as_text(extra.get("case")) or from_name.get("case") or "",
-            case_fields=as_dict(extra.get("case_fields")),
-            tier=as_text(extra.get("tier")),
-            source=source, advice=advice, outcome=outcome, diagnosis=diagnosis, output=output,
-            seconds=as_number(extra.get("seconds")),
-            verdicts={as_text(k): as_dict(v) for k, v in extra["verdicts"].items()}
-            if isinstance(extra.get("verdicts"), dict) else None,
-            heatmap=heatmap if isinstance(heatmap, (dict, list)) else None,
-            timing=as_dict(extra.get("timing")) or None,
-            memory=as_dict(extra.get("memory")) or None,
-            precision=precision or None,
-            attempts=[as_text(a) for a in extra["attempts"]] if isinstance(extra.get("attempts"), list) else None,
-            retried_after=as_text(extra.get("retried_after")) or None,
-            see_also=as_text(extra.get("see_also")) or None,
-            score=as_number(test.get("score")), max_score=as_number(test.get("max_score")),
-            visibility=as_text(test.get("visibility")) or default_visibility,
-        )
 
     # -- what the pages show ----------------------------------------------------------------
     @property
@@ -271,6 +219,26 @@ def points(value) -> str:
     """How points read everywhere (the terminal, results.json's sentences, the pages, the CSVs,
     Gradescope's text): two decimals, trailing zeros dropped, so 4.144 reads "4.14" and 20.0 "20"."""
     return f"{float(value):.2f}".rstrip("0").rstrip(".")
+
+
+def _read(value, f):
+    """`value` as field `f` of a record holds it: text for a text field, a number for a number,
+    else the value where it has the field's type, and the field's default where it has not (None
+    for an evidence field). A new evidence field is read by its annotation, with no code here."""
+    kinds = get_args(f.type) or (f.type,)
+    optional = type(None) in kinds
+    kinds = tuple(k for k in kinds if k is not type(None))
+    if optional:
+        default = None
+    elif f.default_factory is not MISSING:
+        default = f.default_factory()
+    else:  # a field without a default (the identity's) reads as empty text
+        default = f.default if f.default is not MISSING else kinds[0]()
+    if kinds == (str,):
+        return as_text(value) or default
+    if kinds == (float,):
+        return as_number(value, default)
+    return value if isinstance(value, kinds) else default
 
 
 # Readers of untrusted JSON values (results.json): a wrong type gives the default, never an error.

@@ -1,5 +1,6 @@
-"""Scoring: the current check records of one submission, scored with the rubric, into Gradescope's
-results.json and the grouped gradescope.json (grading/results/gradescope.py).
+"""Scoring: the current check records of one submission, scored with the rubric, into results.json
+(each check's record as its check file holds it, plus its score) and the grouped gradescope.json,
+which is what Gradescope gets (grading/results/gradescope.py).
 
 `python -m grading.results --reports DIR` assembles every submission's check files after a run was
 killed before its end (run_autograder's time limit).
@@ -84,7 +85,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
             ungraded.append({"name": r.name, "nodeid": r.nodeid,
                              "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
                                                                         or "unknown error")})
-        tests.append(r.to_gradescope())
+        tests.append(r.to_scored_json())
     for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
         part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
@@ -97,8 +98,9 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     check_seconds = round(sum(r.seconds or 0 for r in records), 2)  # the checks' own times, summed
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
-    scored = [t for t in tests if "status" in t]  # not the grader errors, nor checks not graded here
-    failed = [t for t in scored if t["status"] == GRADESCOPE_FAILED]
+    # Gradescope's statuses: none for a grader error or a check not graded here (gradescope.status)
+    scored = [r for r in records if r.row.gradescope is not None]
+    failed = [r for r in scored if r.row.gradescope == GRADESCOPE_FAILED]
     checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
     summary = info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
                                          else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")

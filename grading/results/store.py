@@ -1,8 +1,10 @@
-"""Check records on disk: one file per finished check, assembled into Gradescope's results.json.
+"""Check records on disk: one file per finished check, assembled into results.json.
 
-A check file is one grading.results.record.CheckRecord as its `to_json` gives it; scoring.assemble() reads the
-current ones back, scores them with the rubric and writes each as its `to_gradescope` entry, so
-one type carries a check from the test that makes it to the page that shows it.
+A check file is one grading.results.record.CheckRecord as its `to_json` gives it; scoring.assemble()
+reads the current ones back, scores them with the rubric and writes each into results.json as the
+same JSON plus its score fields (`to_scored_json`), which the pages read back with the same
+`from_json`: one type and one format carry a check from the test that makes it to the page that
+shows it. Gradescope's shape is in gradescope.json alone.
 
 Who writes what under reports/ (one owner per file; every JSON file is written whole, to a
 temporary file that then replaces it, so a reader never sees half of one):
@@ -26,13 +28,16 @@ temporary file that then replaces it, so a reader never sees half of one):
   <sub>/collected.json       the controller alone: the tests a full run holds for the submission,
                              per test module, as the sessions collected them (update_collected).
                              A check is named by its module and test, "grading.checks.test_flash::
-                             test_forward[...]" (plugin.check_id), the same from any rootdir;
+                             test_forward[...]" (grading/check.py check_id), the same from any rootdir;
                              and each test's rubric group, known before it runs.
   <sub>/results.json         the controller (assemble), when a submission's last check of the
-                             session finishes and again at session end; its parts in the
-                             rubric's order (the pages show them in that order).
-  <sub>/gradescope.json      assemble, right after results.json (reporting/gradescope.py: the same
-                             results, one test per rubric group), which is what Gradescope gets;
+                             session finishes, and at session end for a submission that did not
+                             get there (a stopped run) or whose facts changed since; its parts in
+                             the rubric's order (the pages show them in that order). Its `tests`
+                             are the current check files' JSON plus score, max_score, visibility.
+  <sub>/gradescope.json      assemble, right after results.json (grading/results/gradescope.py:
+                             the same results, one test per rubric group), which is what
+                             Gradescope gets and the only file in Gradescope's shape;
                              also `python -m grading.results --reports DIR`, which
                              assembles from the check files after a run was killed (run_autograder).
   <sub>/index.html, index.html, grades.csv

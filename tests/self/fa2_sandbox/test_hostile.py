@@ -29,6 +29,7 @@ import yaml
 from fa2_sandbox.harness import confinement
 from fa2_sandbox.harness.client import PROJECT_ROOT
 from grading.results import store
+from grading.results.gradescope import status_of
 
 HOSTILE = PROJECT_ROOT / "submissions" / "hostile"
 REFERENCE = PROJECT_ROOT / "submissions" / "reference"
@@ -229,10 +230,10 @@ def test_hostile_finding(hostile_class_run, name):
             problems.append(f"must_fail {pattern!r} matched no check")
         for key in keys:
             test = tests[key]
-            unscored = test["extra_data"].get("outcome") in ("skipped", "not_graded_here")
-            if test.get("status") != "failed" and not unscored:
+            unscored = test.get("outcome") in ("skipped", "not_graded_here")
+            if status_of(test) != "failed" and not unscored:
                 problems.append(f"{key} should fail, got {test['status']}: {test['output'][:200]}")
-            elif test.get("status") == "failed" and not (ON_GPU and key.startswith("memory::")):
+            elif status_of(test) == "failed" and not (ON_GPU and key.startswith("memory::")):
                 # (on a GPU the memory checks warm up first, so their failure says 'setup')
                 problems.extend(f"{key}: finding {f!r} missing from: {test['output'][:300]}"
                                 for f in spec.get("finding", []) if f not in test["output"])
@@ -241,12 +242,12 @@ def test_hostile_finding(hostile_class_run, name):
         if not keys:
             problems.append(f"must_pass {pattern!r} matched no check")
         problems.extend(f"{k} should pass: {tests[k]['output'][:300]}" for k in keys
-                        if tests[k].get("status") != "passed")
+                        if status_of(tests[k]) != "passed")
     listed = must_fail + list(spec.get("may_fail", [])) + list(spec.get("must_pass", []))
     for key, test in tests.items():  # anything else may only fail as not attempted (a slot it skips)
-        if any(matches(key, p) for p in listed) or test.get("status") == "passed":
+        if any(matches(key, p) for p in listed) or status_of(test) == "passed":
             continue
-        if test["extra_data"].get("outcome") not in ("not_attempted", "import_error", "not_graded_here"):
+        if test.get("outcome") not in ("not_attempted", "import_error", "not_graded_here"):
             problems.append(f"{key} failed unexpectedly: {test['output'][:300]}")
 
     log = graded["extra_data"]["runner_log_tail"]
@@ -269,5 +270,5 @@ def test_controls_unchanged(hostile_class_run, solo_run, name):
     """A control's results are the same graded next to the hostile examples as graded alone."""
     solo = solo_run(name)
     assert solo["returncode"] in (0, 1), solo["output"]
-    strip = lambda r: sorted((t["name"], t["score"], t["max_score"], t.get("status")) for t in r["tests"])
+    strip = lambda r: sorted((t["name"], t["score"], t["max_score"], status_of(t)) for t in r["tests"])
     assert strip(results(hostile_class_run["reports"], name)) == strip(results(solo["reports"], name))

@@ -29,6 +29,7 @@ import pytest
 import yaml
 
 from fa2_sandbox.harness.client import PROJECT_ROOT
+from grading.results.gradescope import status_of
 from tests.self.fa2_sandbox.test_hostile import HOSTILE, REFERENCE, class_seed, isolated, results, session_count
 from tests.self.fa2_sandbox.test_nonroot import NOBODY, as_nobody
 
@@ -71,7 +72,7 @@ def outcomes(reports: Path) -> tuple:
         modes[name] = (graded["extra_data"].get("isolation") or {}).get("mode")
         for test in graded["tests"]:
             found = tuple(f for f in findings(name) if f in test["output"])
-            rows[test["name"]] = (test.get("status"), test["score"], found)
+            rows[test["name"]] = (status_of(test), test["score"], found)
     return rows, modes
 
 

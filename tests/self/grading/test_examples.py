@@ -46,6 +46,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from grading.results.gradescope import status_of
+
 ROOT = Path(__file__).resolve().parents[3]
 EXAMPLES = ROOT / "submissions" / "examples"
 NAMES = sorted(p.name for p in EXAMPLES.iterdir() if (p / "EXPECTED.yaml").is_file()) if EXAMPLES.is_dir() else []
@@ -157,9 +159,9 @@ def judge(name: str, reports: Path) -> dict:
     else:
         diagnosis, not_here = diagnosis + expected["cpu_diagnosis"], expected["cpu_not_here"]
 
-    checks = [{"name": t["name"].split("::", 1)[1], "status": t.get("status"), "score": t["score"],
-               "max_score": t["max_score"], "outcome": t["extra_data"].get("outcome", ""),
-               "text": (t["extra_data"].get("diagnosis") or "") + "\n" + (t.get("output") or "")}
+    checks = [{"name": t["name"].split("::", 1)[1], "status": status_of(t), "score": t["score"],
+               "max_score": t["max_score"], "outcome": t.get("outcome", ""),
+               "text": (t.get("diagnosis") or "") + "\n" + (t.get("output") or "")}
               for t in results["tests"]]
     failed = [c for c in checks if c["status"] == "failed"]
     problems, gap = [], []  # gap: what a known_gap excuses (the bug not caught, or not explained)

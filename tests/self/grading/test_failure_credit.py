@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from grading.results.gradescope import status_of
 from grading.rubric import Rubric
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -67,27 +68,27 @@ def test_a_forward_that_raises_scores_no_more_than_one_that_answers_wrongly(grad
     for results in (wrong, raises):
         assert results["extra_data"]["group_points"] == pytest.approx({g: rubric.points(g) for g in rubric.groups})
     replay = checks(raises)[f"flash_pytorch::replay[{COURSE}]"]
-    assert replay["status"] == "failed" and replay["score"] == 0 and replay["max_score"] > 0
-    assert checks(wrong)[f"flash_pytorch::replay[{COURSE}]"]["status"] == "passed"
+    assert status_of(replay) == "failed" and replay["score"] == 0 and replay["max_score"] > 0
+    assert status_of(checks(wrong)[f"flash_pytorch::replay[{COURSE}]"]) == "passed"
 
 
 def test_checks_that_needed_the_answer_say_so_and_link_to_the_cause_on_the_page(graded):
     tests = checks(graded["raises"])
     forward = tests[f"flash_pytorch::forward[{COURSE}]"]
-    assert forward["status"] == "failed"
+    assert status_of(forward) == "failed"
     assert "raised RuntimeError: this forward raises on every case" in forward["output"]
     said = "the forward raised RuntimeError: this forward raises on every case. This check needs the case's answer"
     for name, verb in ((f"flash_pytorch::backward[{COURSE}]", "judge"), (f"flash_pytorch::replay[{COURSE}]", "compare"),
                        ("flash_pytorch::no_sdpa", "judge")):
         test = tests[next(k for k in tests if k.startswith(name))]
-        diagnosis = test["extra_data"]["diagnosis"]
+        diagnosis = test["diagnosis"]
         assert diagnosis.startswith(f"no answer to {verb}: {said}, so it fails with it"), diagnosis
         assert "charge" not in test["output"] and "::" not in diagnosis, diagnosis  # no grader words, no check id
-        assert test["extra_data"]["see_also"] == f"flash_pytorch::forward[{COURSE}]"
+        assert test["see_also"] == f"flash_pytorch::forward[{COURSE}]"
     memory = tests[next(k for k in tests if k.startswith("memory::forward[pytorch"))]
-    assert memory["extra_data"]["diagnosis"].startswith(f"no answer to measure: {said}")
-    assert "charge" not in memory["output"] and "::" not in memory["extra_data"]["diagnosis"]
-    assert memory["extra_data"]["see_also"] == "flash_pytorch::forward[fp32-1024x1024-d64-causal]"
+    assert memory["diagnosis"].startswith(f"no answer to measure: {said}")
+    assert "charge" not in memory["output"] and "::" not in memory["diagnosis"]
+    assert memory["see_also"] == "flash_pytorch::forward[fp32-1024x1024-d64-causal]"
     page = graded["pages"]["raises"]
     # The course case's forward check is on the page: the backward's card links to it.
     anchor = f"check-flash_pytorch-forward-{COURSE}"

@@ -26,6 +26,7 @@ from types import SimpleNamespace
 import pytest
 
 from grading.results import scoring, store
+from grading.results.gradescope import status_of
 from grading.results.record import CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
 from reporting import build_reports
@@ -135,19 +136,19 @@ def test_grader_error_is_retried_once_then_unscored(broken_then_regraded):
     graded = run["after_first"]
     tests = by_name(graded)
     forward = tests[FORWARD]
-    assert forward["extra_data"]["outcome"] == "grader_error"
+    assert forward["outcome"] == "grader_error"
     # Unscored: no status, and its share of the group is withheld (0 of it until regraded), while
     # the maximum stays the rubric's, as on every run.
     assert forward["score"] == 0 and forward["max_score"] > 0
-    assert "status" not in forward  # neither passed nor failed
-    assert forward["output"].startswith("not graded: the grader itself failed (KeyError:")
-    assert "this check will be regraded" in forward["output"]
-    attempts = forward["extra_data"]["attempts"]  # both attempts' messages
+    assert status_of(forward) is None  # neither passed nor failed
+    assert forward["diagnosis"].startswith("not graded: the grader itself failed (KeyError:")
+    assert "this check will be regraded" in forward["diagnosis"]
+    attempts = forward["attempts"]  # both attempts' messages
     assert len(attempts) == 2
     assert "oracle broke (1)" in attempts[0] and "oracle broke (2)" in attempts[1]
     assert "grading/checks/test_flash.py" in attempts[0] or "throwaway_plugin" in attempts[0]
     # The forward's share of the group is withheld, not handed to the backward.
-    assert tests[BACKWARD]["status"] == "passed" and tests[BACKWARD]["max_score"] > 0
+    assert status_of(tests[BACKWARD]) == "passed" and tests[BACKWARD]["max_score"] > 0
     assert graded["score"] == pytest.approx(tests[BACKWARD]["score"], abs=0.005)  # the total in hundredths
     assert graded["max_score"] == pytest.approx(Rubric().total())
     extra = graded["extra_data"]
@@ -180,8 +181,8 @@ def test_k_regrades_one_check_and_keeps_the_others(broken_then_regraded):
     tests = by_name(run["after_second"])
     forward, backward = tests[FORWARD], tests[BACKWARD]
     # The forward ran again and passed on its retry; the first attempt's error is kept for staff.
-    assert forward["status"] == "passed" and forward["max_score"] > 0
-    assert "oracle broke (1)" in forward["extra_data"]["retried_after"]
+    assert status_of(forward) == "passed" and forward["max_score"] > 0
+    assert "oracle broke (1)" in forward["retried_after"]
     # The backward did not run in this session: its last result stands, unchanged.
     assert backward == by_name(run["after_first"])[BACKWARD]
     extra = run["after_second"]["extra_data"]
@@ -199,7 +200,7 @@ def test_a_test_named_by_id_regrades_it_and_keeps_the_others(broken_then_regrade
     assert run["third"].returncode == 0, run["third"].stdout[-3000:]
     before, after = by_name(run["after_second"]), by_name(run["after_third"])
     assert after[FORWARD] == before[FORWARD]  # kept
-    assert after[BACKWARD]["status"] == "passed"
+    assert status_of(after[BACKWARD]) == "passed"
     assert set(after) == set(before)
     extra = run["after_third"]["extra_data"]
     assert extra["incomplete"] is True and extra["checks_graded"] == 2
@@ -215,7 +216,7 @@ def test_workers_never_write_reports_and_info_json_gets_their_facts(tmp_path):
     assert info["seed"] is not None and info["environment"]
     assert info["runner_log_tail"]  # the runner's log, sent by the worker on the test report
     graded = load(reports)
-    assert by_name(graded)[FORWARD]["status"] == "passed"
+    assert status_of(by_name(graded)[FORWARD]) == "passed"
     # The workers told the controller what a full run holds: the rest count as not graded.
     assert graded["extra_data"]["incomplete"] is True and graded["extra_data"]["checks_graded"] == 1
     assert graded["extra_data"]["checks_expected"] == full_count()
@@ -389,8 +390,8 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
     assert tests["alice::flash_pytorch::forward[a]"]["max_score"] == pytest.approx(share)
     # b's share stays in the maximum, unscored until regraded; a does not absorb it
     withheld = tests["alice::flash_pytorch::forward[b]"]
-    assert withheld["max_score"] == pytest.approx(share) and withheld["score"] == 0 and "status" not in withheld
-    assert "on both attempts" in withheld["output"]
+    assert withheld["max_score"] == pytest.approx(share) and withheld["score"] == 0 and status_of(withheld) is None
+    assert "on both attempts" in withheld["diagnosis"]
     assert graded["score"] == pytest.approx(share, abs=0.005) and graded["max_score"] == pytest.approx(rubric.total())
     assert graded["output"].startswith("incomplete: 1 of 2 checks graded (1 not graded because the grader itself "
                                        "failed)")

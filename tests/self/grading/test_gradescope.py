@@ -19,6 +19,7 @@ import pytest
 import yaml
 
 from grading.results import gradescope, scoring, store
+from grading.results.gradescope import status_of
 from grading.results.record import GRADER_ERROR, CheckRecord, grader_error_diagnosis
 from grading.rubric import Rubric
 from tests.self.fixtures.make_results import rubric_text
@@ -26,7 +27,7 @@ from tests.self.fixtures.make_results import rubric_text
 ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "self" / "fixtures" / "results"
 NAMES = sorted(p.name for p in FIXTURES.iterdir() if (p / "results.json").is_file())
-MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (grading/check.py check_id)
 
 # Gradescope's results.json, as https://gradescope-autograders.readthedocs.io/en/latest/specs/ lists
 # it ("Output format", "Controlling Test Case Visibility", "Test case status", "Output String
@@ -100,12 +101,12 @@ def test_a_failing_group_lists_its_failed_cases_with_their_diagnoses(grouped, re
     assert test["status"] == "failed" and test["output_format"] == "md" and test["visibility"] == "after_due_date"
     assert test["output"].startswith("**1 of 7 checks passed.**")
     failed = [t for t in results["bob"]["tests"]
-              if "::flash_triton::forward[" in t["name"] and t["extra_data"]["tier"] == "robustness"
-              and t["status"] == "failed"]
-    diagnoses = {t["extra_data"]["diagnosis"] for t in failed}
+              if "::flash_triton::forward[" in t["name"] and t["tier"] == "robustness"
+              and status_of(t) == "failed"]
+    diagnoses = {t["diagnosis"] for t in failed}
     assert len(failed) == 6 and len(diagnoses) == 1  # one diagnosis, said once, with the six cases
     line = next(line for line in test["output"].splitlines() if line.startswith("- "))
-    assert all(f"`{t['extra_data']['case']}`" in line for t in failed)
+    assert all(f"`{t['case']}`" in line for t in failed)
     assert line.endswith(gradescope.escape(diagnoses.pop()))
     assert {c["outcome"] for c in test["extra_data"]["checks"]} == {"passed", "failed"}
     assert test["extra_data"]["advice"] is True and "robustness" in test["tags"]
@@ -153,9 +154,8 @@ def test_markdown_in_student_text_is_escaped(fixture_rubric):
         r"raised \`x\` \*boom\* \_u\_ \[link\](http://x) &lt;img src=x onerror=alert(1)&gt; \| \~\~s\~\~ \# &amp; "
         r"\\ \#\# title")
     results = {"score": 0, "max_score": 1, "output": "<b>all</b> *good*", "tests": [
-        {"name": "s::flash_pytorch::forward[c]", "score": 0, "max_score": 1, "status": "failed",
-         "extra_data": {"part": "flash_pytorch", "check": "forward", "case": "c", "tier": "course",
-                        "outcome": "error", "diagnosis": hostile}}]}
+        {"submission": "s", "part": "flash_pytorch", "check": "forward", "case": "c", "tier": "course",
+         "score": 0, "max_score": 1, "outcome": "error", "diagnosis": hostile}]}
     out = gradescope.grouped(results, fixture_rubric)
     test = next(t for t in out["tests"] if t.get("status") == "failed")
     assert "<img" not in test["output"] and "`x`" not in test["output"] and "\n## title" not in test["output"]
@@ -165,22 +165,20 @@ def test_markdown_in_student_text_is_escaped(fixture_rubric):
 
 def test_leaderboard_from_the_triton_timing_budget(fixture_rubric):
     timing = {"student_ms": 12.3456, "reference_ms": 10.0, "ratio": 1.23456, "budget": 3.0}
-    test = {"name": "s::timing::flash_triton[bf16-4096x4096-d64-causal]", "score": 1, "max_score": 1,
-            "status": "passed", "extra_data": {"part": "timing", "check": "flash_triton", "tier": "timing",
-                                               "outcome": "passed", "timing": timing}}
+    test = {"submission": "s", "part": "timing", "check": "flash_triton", "case": "bf16-4096x4096-d64-causal",
+            "tier": "timing", "score": 1, "max_score": 1, "outcome": "passed", "timing": timing}
     out = gradescope.grouped({"score": 1, "max_score": 1, "tests": [test]}, fixture_rubric)
     assert out["leaderboard"] == [{"name": "Triton fwd+bwd ms", "value": 12.346, "order": "asc"},
                                   {"name": "time / reference", "value": 1.235, "order": "asc"}]
-    test["extra_data"]["outcome"] = "not_graded_here"  # a CPU run: no figures, no leaderboard
+    test["outcome"] = "not_graded_here"  # a CPU run: no figures, no leaderboard
     assert "leaderboard" not in gradescope.grouped({"score": 0, "tests": [test]}, fixture_rubric)
 
 
 def test_valid_against_gradescope_results_specification(grouped, fixture_rubric):
     jsonschema = pytest.importorskip("jsonschema")  # a test-only need
-    timing = {"part": "timing", "check": "flash_triton", "tier": "timing", "outcome": "passed",
+    timing = {"submission": "s", "part": "timing", "check": "flash_triton", "tier": "timing", "outcome": "passed",
               "timing": {"student_ms": 5.0, "ratio": 1.1}}
-    with_board = gradescope.grouped({"score": 1, "tests": [{"name": "s::timing::flash_triton", "extra_data": timing}]},
-                                    fixture_rubric)
+    with_board = gradescope.grouped({"score": 1, "tests": [timing]}, fixture_rubric)
     assert "leaderboard" in with_board
     for out in [*grouped.values(), with_board, gradescope.grouped({}, Rubric())]:
         jsonschema.validate(out, SPEC)
@@ -189,14 +187,24 @@ def test_valid_against_gradescope_results_specification(grouped, fixture_rubric)
         jsonschema.validate({**grouped["bob"], "visibility": "after_deadline"}, SPEC)
 
 
-def test_per_check_results_json_is_valid_too():
-    """results.json (a test per check: the pages' and grades.csv's input) keeps Gradescope's schema as
-    well, grader errors and checks not graded here (no status) included."""
-    jsonschema = pytest.importorskip("jsonschema")
-    for path in sorted(FIXTURES.glob("*/results.json")):
-        results = json.loads(path.read_text())
-        jsonschema.validate(results, SPEC)
-        json.dumps(results, allow_nan=False)
+def test_results_json_is_the_check_files_json_plus_the_score(tmp_path):
+    """results.json (an entry per check: the pages' and grades.csv's input) holds each check file's
+    JSON plus score, max_score and visibility, in one format; Gradescope's shape (status, tags,
+    extra_data) is in gradescope.json alone."""
+    write_partial_run(tmp_path)
+    rubric = Rubric()
+    scoring.assemble(tmp_path, "alice", rubric)
+    files = [json.loads(p.read_text()) for p in (tmp_path / "alice" / "checks").glob("*.json")]
+    # what the rubric says of the check's group, as a real check file holds it already
+    files = {f["name"]: {**f, "source": rubric.source(f["group"]), "advice": rubric.advice(f["group"])} for f in files}
+    entries = json.loads((tmp_path / "alice" / "results.json").read_text())["tests"]
+    assert sorted(t["name"] for t in entries) == sorted(files)
+    for entry in entries:
+        assert {k: v for k, v in entry.items() if k not in ("score", "max_score", "visibility")} == files[entry["name"]]
+        assert entry["visibility"] == "visible" and entry["max_score"] > 0
+        assert not {"status", "tags", "extra_data"} & entry.keys()
+    exported = json.loads((tmp_path / "alice" / "gradescope.json").read_text())["tests"]
+    assert exported and all({"extra_data", "tags", "output_format"} <= t.keys() for t in exported)
 
 
 # -- partial credit after a killed run --------------------------------------------------------------

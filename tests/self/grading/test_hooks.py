@@ -16,6 +16,7 @@ import pytest
 from _pytest import pytester as pytester_module
 
 from grading.pytest_plugin import GRADER_ROOT, grader_settings
+from grading.results.gradescope import status_of
 
 pytest_plugins = ["pytester"]
 REFERENCE = GRADER_ROOT / "submissions" / "reference"
@@ -35,7 +36,7 @@ def grade(pytester, *args):
 def checks(reports, name) -> dict:
     """{part::check[case]: status} of a submission's results.json."""
     results = json.loads((reports / name / "results.json").read_text())
-    return {t["name"].split("::", 1)[1]: t.get("status") for t in results["tests"]}
+    return {t["name"].split("::", 1)[1]: status_of(t) for t in results["tests"]}
 
 
 def test_a_run_that_collects_no_check_stops_with_status_4(pytester):
@@ -137,9 +138,9 @@ def test_adapters_that_do_not_import_are_one_cause_in_every_part(pytester):
     results = json.loads((reports / "broken" / "results.json").read_text())
     sentence = "tests/adapters.py failed to import: SyntaxError: invalid syntax (tests/adapters.py, line 5)"
     assert results["extra_data"]["ungradable"] == sentence
-    diagnoses = {t["extra_data"]["part"]: set() for t in results["tests"]}
+    diagnoses = {t["part"]: set() for t in results["tests"]}
     for test in results["tests"]:
-        diagnoses[test["extra_data"]["part"]].add(test["extra_data"]["diagnosis"])
+        diagnoses[test["part"]].add(test["diagnosis"])
     assert set(diagnoses) == {"flash_pytorch", "flash_triton", "ddp", "sharded_optimizer", "fsdp", "memory", "timing"}
     assert all(found == {sentence} for found in diagnoses.values()), diagnoses
     parts = results["extra_data"]["parts"]
@@ -196,10 +197,10 @@ def test_a_grader_error_runs_the_test_once_more_then_is_recorded_unscored(pytest
     tests = {t["name"].split("::", 1)[1]: t for t in results["tests"]}
     forward = tests["flash_pytorch::forward[fp32-128x128-d64-full]"]
     backward = tests["flash_pytorch::backward[fp32-128x128-d64-full]"]
-    assert forward["extra_data"]["outcome"] == "grader_error" and "status" not in forward
-    assert [a.split(" at ")[0] for a in forward["extra_data"]["attempts"]] == \
+    assert forward["outcome"] == "grader_error" and status_of(forward) is None
+    assert [a.split(" at ")[0] for a in forward["attempts"]] == \
         ["KeyError: 'oracle broke (1)'", "KeyError: 'oracle broke (2)'"]
-    assert backward["status"] == "passed" and "oracle broke (1)" in backward["extra_data"]["retried_after"]
+    assert status_of(backward) == "passed" and "oracle broke (1)" in backward["retried_after"]
     assert raised == {"forward": 2, "backward": 2}
     assert results["extra_data"]["incomplete"] is True
 
@@ -223,10 +224,10 @@ def test_a_grader_error_in_setup_is_recorded_too(pytester):
     assert result.ret == 1, result.stdout.str()[-2000:]
     results = json.loads((reports / "reference" / "results.json").read_text())
     tests = {t["name"].split("::", 1)[1]: t for t in results["tests"]}
-    assert tests["flash_pytorch::forward[fp32-128x128-d64-full]"]["status"] == "passed"
+    assert status_of(tests["flash_pytorch::forward[fp32-128x128-d64-full]"]) == "passed"
     stand_in = tests["grader::test_backward[pytorch-course-fp32-128x128-d64-full]"]
-    assert stand_in["extra_data"]["outcome"] == "grader_error" and stand_in["max_score"] == 0
-    assert "RuntimeError: fixture broke at " in stand_in["output"] and "(in setup)" in stand_in["output"]
+    assert stand_in["outcome"] == "grader_error" and stand_in["max_score"] == 0
+    assert "RuntimeError: fixture broke at " in stand_in["diagnosis"] and "(in setup)" in stand_in["diagnosis"]
     assert "grader" not in results["extra_data"]["parts"]
     assert results["extra_data"]["incomplete"] is True and results["output"].startswith("incomplete: 1 of ")
 
@@ -237,7 +238,7 @@ def test_a_run_stopped_by_x_is_incomplete(pytester):
     assert result.ret == 1
     result.stdout.fnmatch_lines(["*stopping after 1 failures*"])
     results = json.loads((reports / "no_softmax_scale" / "results.json").read_text())
-    assert len(results["tests"]) == 1 and results["tests"][0]["status"] == "failed"  # a student failure
+    assert len(results["tests"]) == 1 and status_of(results["tests"][0]) == "failed"  # a student failure
     extra = results["extra_data"]
     assert extra["incomplete"] is True and extra["checks_graded"] == 1
     assert results["output"].startswith(f"incomplete: 1 of {extra['checks_expected']} checks graded")

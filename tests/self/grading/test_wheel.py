@@ -21,6 +21,8 @@ from pathlib import Path
 
 import pytest
 
+from grading.results.gradescope import status_of
+
 ROOT = Path(__file__).resolve().parents[3]
 # What a grading run reads besides Python modules, and the reference submission the timing check runs.
 SHIPPED = ["grading/rubric.yaml", "grading/pytest.ini", "reporting/templates/class.html.j2",
@@ -114,7 +116,7 @@ def test_the_installed_grader_grades_from_an_empty_folder(installed, tmp_path):
     collected, selected = map(int, re.search(r"collected (\d+) items / \d+ deselected / (\d+) selected", out).groups())
     assert collected == checkout_count() and selected == 3
     results = json.loads((folder / "reports" / "reference" / "results.json").read_text())
-    passed = [t["name"] for t in results["tests"] if t.get("status") == "passed"]
+    passed = [t["name"] for t in results["tests"] if status_of(t) == "passed"]
     assert len(passed) == 3 and all("[fp32-128x128-d64-full]" in name for name in passed), results["output"]
     assert (folder / "reports" / "index.html").is_file() and (folder / "reports" / "grades.csv").is_file()
 

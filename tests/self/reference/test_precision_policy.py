@@ -20,6 +20,7 @@ import torch
 
 from fa2_sandbox.wire.cases import FlashCase, make_inputs
 from grading.diagnoses.mistakes import backward_unmasked
+from grading.results.gradescope import status_of
 from reference.tolerance import (
     compare,
     course_close,
@@ -277,14 +278,14 @@ def test_graded_end_to_end(tmp_path):
              for name in ("tf32_correct", "tf32_scale_off", "tf32_mask_diagonal")}
 
     correct = tests["tf32_correct"]
-    assert correct and all(t.get("status") == "passed" for t in correct.values()), \
-        {n: t["output"] for n, t in correct.items() if t.get("status") != "passed"}
-    tf32_noted = [n for n, t in correct.items() if t["extra_data"].get("precision") == "tf32"]
+    assert correct and all(status_of(t) == "passed" for t in correct.values()), \
+        {n: t["output"] for n, t in correct.items() if status_of(t) != "passed"}
+    tf32_noted = [n for n, t in correct.items() if t.get("precision") == "tf32"]
     assert tf32_noted and all("TF32" in correct[n]["output"] for n in tf32_noted)
-    assert all(t["extra_data"].get("precision") is None for n, t in correct.items() if "course" in t["tags"])
+    assert all(t.get("precision") is None for n, t in correct.items() if t["tier"] == "course")
 
-    scale_off = [n for n, t in tests["tf32_scale_off"].items() if t.get("status") == "failed"]
-    assert any("handout" in tests["tf32_scale_off"][n]["tags"] for n in scale_off), scale_off
-    mask = [n for n, t in tests["tf32_mask_diagonal"].items() if t.get("status") == "failed"]
+    scale_off = [n for n, t in tests["tf32_scale_off"].items() if status_of(t) == "failed"]
+    assert any(tests["tf32_scale_off"][n]["tier"] == "handout" for n in scale_off), scale_off
+    mask = [n for n, t in tests["tf32_mask_diagonal"].items() if status_of(t) == "failed"]
     assert mask and all("causal" in n for n in mask), mask
-    assert any("j >= i" in tests["tf32_mask_diagonal"][n]["extra_data"].get("diagnosis", "") for n in mask)
+    assert any("j >= i" in tests["tf32_mask_diagonal"][n].get("diagnosis", "") for n in mask)

@@ -4,6 +4,7 @@ import csv
 import json
 import re
 
+from grading.results.gradescope import status_of
 from reporting import build_reports
 from reporting.page_model import load_all
 from tests.self.reporting.pages import (
@@ -18,15 +19,14 @@ from tests.self.reporting.pages import (
 
 
 def strip_sources(results: dict) -> dict:
-    """results.json as graders before sources wrote it: no source, advice, precision or notes."""
+    """results.json without sources: no source, advice, precision or notes."""
     results["extra_data"].pop("notes", None)
     for part in results["extra_data"]["parts"].values():
         part.pop("advice_score", None)
         part.pop("advice_max_score", None)
     for test in results["tests"]:
         for key in ("source", "advice", "precision"):
-            test["extra_data"].pop(key, None)
-        test["tags"] = [t for t in test["tags"] if t != "advice"]
+            test.pop(key, None)
     return results
 
 
@@ -41,7 +41,7 @@ def test_every_check_shows_its_source(staff):
     # bob's 12 robustness failures are two cards (forward, backward) of six checks sharing a source
     assert advice_failed.count("source: beyond the handout: odd lengths, odd head dims, 4-D and strided") == 2
     # Every passed check lists its source under its name.
-    passed = [t for t in data["tests"] if t["status"] == "passed"]
+    passed = [t for t in data["tests"] if status_of(t) == "passed"]
     for test in passed:
         at = page.index(f"<code>{test['name']}</code>")
         assert page.index('<div class="source">source: ', at) < page.index("</li>", at)
@@ -66,7 +66,7 @@ def test_advice_checks_have_their_own_section(staff):
     assert "The output is wrong in the last, partial query tile" in advice
     assert "The backward takes 3.2× the reference time" in advice
     for test in fixture_json("bob")["tests"]:  # each check in the section its source says
-        assert (test["name"] in advice) == test["extra_data"]["advice"] or test["status"] == "failed"
+        assert (test["name"] in advice) == test["advice"] or status_of(test) == "failed"
     # The score table shows each part's requirements with its advice apart.
     assert '<td class="pts">13 / 13 <span class="muted advice">(+0.7 / 1.9 advice)</span></td>' in page
     assert '<td class="pts">1.5 / 2 <span class="muted advice">advice</span></td>' in page  # timing: all advice
@@ -161,7 +161,7 @@ def test_full_marks_up_to_rounding_are_not_below(tmp_path):
 def test_student_view_splits_only_the_visible_checks(student):
     page = (student / "bob" / "index.html").read_text()
     visible = [t for t in fixture_json("bob")["tests"] if t["visibility"] == "visible"]
-    advice = [t for t in visible if t["extra_data"]["advice"]]
+    advice = [t for t in visible if t["advice"]]
     score = sum(t["score"] for t in advice)
     max_score = sum(t["max_score"] for t in advice)
     assert f"worth few points ({score:g} / {max_score:g} here)." in page
@@ -216,11 +216,11 @@ def test_malformed_source_fields_do_not_break_the_page(tmp_path):
     reports = tmp_path / "reports"
     (reports / "odd").mkdir(parents=True)
     (reports / "odd" / "results.json").write_text(json.dumps({"tests": [
-        {"name": "odd::flash_triton::forward[fp32-128x128-d64-full]", "status": "passed", "score": 1,
-         "max_score": 1, "tags": "advice",
-         "extra_data": {"source": ["not", "text"], "advice": "yes", "precision": 32}},
-        {"name": "odd::flash_triton::backward[fp32-128x128-d64-full]", "status": "failed", "output": "dq is wrong.",
-         "tags": ["flash_triton", "advice"], "extra_data": {"source": None}},
+        {"submission": "odd", "part": "flash_triton", "check": "forward", "case": "fp32-128x128-d64-full",
+         "outcome": "passed", "score": 1, "max_score": 1,
+         "source": ["not", "text"], "advice": "yes", "precision": 32},
+        {"submission": "odd", "part": "flash_triton", "check": "backward", "case": "fp32-128x128-d64-full",
+         "outcome": "failed", "output": "dq is wrong.", "source": None, "advice": True},
     ], "extra_data": {"notes": {"not": "a list"},
                       "parts": {"flash_triton": {"score": 1, "max_score": 2, "advice_score": "x",
                                                  "advice_max_score": None}}}}))
@@ -229,7 +229,7 @@ def test_malformed_source_fields_do_not_break_the_page(tmp_path):
     assert sub.notes == []
     first, second = sub.checks
     assert (first.advice, first.precision) == (False, "32")  # "yes" is not a bool: the source decides
-    assert second.advice is True  # no source, but the plugin's tag
+    assert second.advice is True  # no source, but said
     assert sub.part("flash_triton").has_advice is False  # advice_max_score unusable: nothing shown apart
     page = (reports / "odd" / "index.html").read_text()
     assert "Advice (beyond the handout)" in page and 'title="judged at 32 precision">32</span>' in page

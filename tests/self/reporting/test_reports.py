@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 
+from grading.results.gradescope import status_of
 from grading.results.record import CheckRecord
 from reporting import build_reports, main, plots
 from reporting.classstats import case_families, check_families, family_rates
@@ -82,28 +83,26 @@ def test_top_diagnosis_is_the_first_attempted_failure(staff):
     assert rows["alice"][-2][1] == "All checks passed."
     assert rows["erin"][-2][1].startswith("The forward saves 3 tensors of shape (batch, N_q)")
     # advice (beyond the handout) comes after the course's requirements
-    first_failed = next(t for t in fixture_json("bob")["tests"] if t["status"] == "failed"
-                        and not t["extra_data"].get("advice"))
-    assert rows["bob"][-2][1] == first_failed["extra_data"]["diagnosis"]
+    first_failed = next(t for t in fixture_json("bob")["tests"] if status_of(t) == "failed"
+                        and not t.get("advice"))
+    assert rows["bob"][-2][1] == first_failed["diagnosis"]
 
 
 def test_top_diagnosis_passes_over_not_attempted(tmp_path):
     """A part left as the template's stub comes before the bug in a part that was attempted."""
     reports = copy_fixtures(tmp_path / "reports")
     results = fixture_json("bob")
-    stub = {**results["tests"][0], "name": "bob::flash_pytorch::forward[fp32-128x128-d64-full]", "status": "failed",
-            "score": 0, "output": "not attempted",
-            "extra_data": {**results["tests"][0]["extra_data"], "outcome": "not_attempted",
-                           "diagnosis": "not attempted: get_flashattention_autograd_function_pytorch raised "
-                                        "NotImplementedError"}}
+    stub = {**results["tests"][0], "part": "flash_pytorch", "check": "forward", "case": "fp32-128x128-d64-full",
+            "score": 0, "output": "not attempted", "outcome": "not_attempted",
+            "diagnosis": "not attempted: get_flashattention_autograd_function_pytorch raised NotImplementedError"}
     results["tests"].insert(0, stub)
     (reports / "bob" / "results.json").write_text(json.dumps(results))
     build_reports(reports)
     rows = {attrs["data-name"]: cells for attrs, cells in table_rows((reports / "index.html").read_text(),
                                                                      "class-table")}
-    first_attempted = next(t for t in results["tests"] if t["status"] == "failed"
-                           and t["extra_data"]["outcome"] != "not_attempted" and not t["extra_data"].get("advice"))
-    assert rows["bob"][-2][1] == first_attempted["extra_data"]["diagnosis"]
+    first_attempted = next(t for t in results["tests"] if status_of(t) == "failed"
+                           and t["outcome"] != "not_attempted" and not t.get("advice"))
+    assert rows["bob"][-2][1] == first_attempted["diagnosis"]
 
 
 def test_part_cells_are_coloured_by_fraction(staff):
@@ -174,31 +173,32 @@ def test_a_record_reads_back_from_results_json_as_it_was_written():
                          seconds=1.5, verdicts={"dq": {"ok": False, "max_bound": 0.01}}, heatmap={"values": [[1.0]]},
                          retried_after="KeyError", nodeid="t::x[bob]", score=0.0, max_score=0.1,
                          visibility="after_due_date")
-    test = json.loads(json.dumps(record.to_gradescope()))
+    test = json.loads(json.dumps(record.to_scored_json()))
     assert test["name"] == "bob::flash_triton::backward[bf16-113x203-d64-causal]"
-    back = CheckRecord.from_gradescope(test)
-    # The check file's own bookkeeping (group, test id) stays out of results.json.
-    assert back == CheckRecord(**{**vars(record), "group": "", "nodeid": None})
+    # results.json's entry is the check file's JSON plus the score fields, read with the same codec
+    assert test == {**record.to_json(), "score": 0.0, "max_score": 0.1, "visibility": "after_due_date"}
+    back = CheckRecord.from_json(test)
+    assert back == record
     assert (back.state, back.evidence, back.bound_for("dq")) == ("failed", "evidence", 0.01)
     assert CheckRecord.from_json(json.loads(json.dumps(record.to_json()))) == CheckRecord(
         **{**vars(record), "score": 0.0, "max_score": 0.0, "visibility": "visible"})  # no scores in check files
     broken = CheckRecord(submission="bob", part="ddp", check="broadcast", outcome="grader_error",
                          diagnosis="not graded: x", output="Traceback ...")
-    test = broken.to_gradescope()
-    assert "status" not in test and test["output"] == "not graded: x"
-    assert CheckRecord.from_gradescope(test).output == "Traceback ..."  # the traceback, for staff
+    test = broken.to_scored_json()
+    assert status_of(test) is None and test["diagnosis"] == "not graded: x"
+    assert CheckRecord.from_json(test).output == "Traceback ..."  # the traceback, for staff
 
 
-def test_families_come_from_the_case_fields_and_old_files_from_the_case_ids(tmp_path):
+def test_families_come_from_the_case_fields_and_else_from_the_case_ids(tmp_path):
     subs = load_all(FIXTURES)
     flash = [c for s in subs for c in s.checks if c.case_fields]
     assert flash and all(check_families(c) == case_families(c.case) for c in flash)
     reports = copy_fixtures(tmp_path / "reports")
-    for name in NAMES:  # as a grader before case fields wrote them
+    for name in NAMES:  # checks whose case is only a name
         path = reports / name / "results.json"
         data = json.loads(path.read_text())
         for test in data["tests"]:
-            test["extra_data"].pop("case_fields", None)
+            test.pop("case_fields", None)
         path.write_text(json.dumps(data))
     old = load_all(reports)
     assert not any(c.case_fields for s in old for c in s.checks)
@@ -265,7 +265,7 @@ def test_skipped_checks_show_their_reason_and_environment_is_shown(staff):
 def test_a_provisional_page_says_first_what_a_gpu_will_still_grade(staff):
     reports, _ = staff
     page = (reports / "erin" / "index.html").read_text()
-    waiting = [t for t in fixture_json("erin")["tests"] if t["extra_data"]["outcome"] == "not_graded_here"]
+    waiting = [t for t in fixture_json("erin")["tests"] if t["outcome"] == "not_graded_here"]
     start = page.index('id="provisional"')
     banner = page[start:page.index("</div>", start)]
     assert start < page.index('<div class="top">')  # before the score and every list of checks
@@ -275,16 +275,16 @@ def test_a_provisional_page_says_first_what_a_gpu_will_still_grade(staff):
 
     assert f"a GPU will still grade {len(waiting)} checks worth {points(waiting)} points" in banner
     parts = {"timing": "Timing", "memory": "Memory"}  # in the rubric's order
-    assert {t["extra_data"]["part"] for t in waiting} == set(parts)
+    assert {t["part"] for t in waiting} == set(parts)
     for part, label in parts.items():
-        mine = [t for t in waiting if t["extra_data"]["part"] == part]
+        mine = [t for t in waiting if t["part"] == part]
         assert (f'<li><strong>{label}</strong>: {len(mine)} checks, {points(mine)} points '
                 f'<span class="why">· it needs a CUDA GPU</span></li>') in banner
     assert banner.index("<strong>Memory</strong>") > banner.index("<strong>Timing</strong>")  # the parts' order
     # results.json's output, the first thing Gradescope shows, says the same part by part
     by_part = "; ".join(f"{label}: {len(mine)} checks, {sum(t['max_score'] for t in mine):.4g} points"
                         for part, label in parts.items()
-                        if (mine := [t for t in waiting if t["extra_data"]["part"] == part]))
+                        if (mine := [t for t in waiting if t["part"] == part]))
     assert fixture_json("erin")["output"].startswith(f"provisional: {len(waiting)} checks worth {points(waiting)} "
                                                      f"points need a GPU and were not graded here ({by_part}); ")
 
@@ -302,8 +302,8 @@ def test_injected_names_are_escaped_everywhere(tmp_path):
     reports = tmp_path / "reports"
     data = fixture_json("bob")
     data["extra_data"]["student"] = '"><script>alert(1)</script>'
-    data["tests"][0]["extra_data"]["heatmap"] = {"tensor": "<b>dq</b>", "values": [[1.0, float("nan")]]}
-    data["tests"][0]["extra_data"]["source"] = "official tests: <script>alert(2)</script>"
+    data["tests"][0]["heatmap"] = {"tensor": "<b>dq</b>", "values": [[1.0, float("nan")]]}
+    data["tests"][0]["source"] = "official tests: <script>alert(2)</script>"
     data["extra_data"]["notes"] = ['pyproject.toml declares "><script>alert(3)</script>']
     (reports / "x&y").mkdir(parents=True)
     (reports / "x&y" / "results.json").write_text(json.dumps(data))
@@ -324,8 +324,7 @@ def test_student_view_drops_hidden_checks_and_rescores(staff, student):
     page = (student / "bob" / "index.html").read_text()
     full = (staff_reports / "bob" / "index.html").read_text()
     for test in hidden:
-        check = f"{test['extra_data']['check']}[{test['extra_data']['case']}]" if test["extra_data"]["case"] \
-            else test["extra_data"]["check"]
+        check = f"{test['check']}[{test['case']}]" if test["case"] else test["check"]
         assert check not in page and check in full
     score = sum(t["score"] for t in visible)
     max_score = sum(t["max_score"] for t in visible)
@@ -408,15 +407,17 @@ def test_cli(tmp_path, capsys):
 
 
 def test_sparse_and_malformed_results_still_render(tmp_path):
-    """Only what Gradescope requires, plus junk where numbers should be."""
+    """Only a few keys, plus junk where numbers and evidence should be."""
     reports = tmp_path / "reports"
     (reports / "min").mkdir(parents=True)
     (reports / "min" / "results.json").write_text(json.dumps({"score": 3, "tests": [
-        {"name": "min::flash_pytorch::forward[fp32-17x17-d16-full]", "status": "failed",
-         "output": "o is wrong.\nevidence line",
-         "extra_data": {"verdicts": {"o": {"max_err": "big"}}, "heatmap": {"values": [[1, "a"]]},
-                        "timing": {"student_ms": "fast"}, "memory": {"n": [1], "peak_bytes": ["x"]}}},
-        {"status": "passed"},
+        {"submission": "min", "part": "flash_pytorch", "check": "forward", "case": "fp32-17x17-d16-full",
+         "outcome": "failed", "output": "o is wrong.\nevidence line", "seconds": "slow", "score": "x",
+         "verdicts": {"o": {"max_err": "big"}, "dq": "junk"}, "heatmap": {"values": [[1, "a"]]},
+         "timing": {"student_ms": "fast"}, "memory": {"n": [1], "peak_bytes": ["x"]}, "attempts": "one",
+         "case_fields": [1], "see_also": 7, "advice": "yes"},
+        {"outcome": "passed"},
+        {"part": ["not", "text"], "verdicts": [1], "heatmap": "map", "timing": 3, "stand_in": "yes"},
         "not a test",
     ], "extra_data": {"environment": {"device": None}, "parts": {"flash_pytorch": "odd"}}}))
     build_reports(reports)

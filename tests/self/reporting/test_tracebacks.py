@@ -64,7 +64,7 @@ def test_a_page_folds_a_traceback_and_keeps_the_full_one_a_click_away(tmp_path):
     reports = copy_fixtures(tmp_path / "reports")
     results = fixture_json("carol")
     failed = next(t for t in results["tests"] if t["name"] == "carol::flash_triton::forward[fp32-113x203-d64-full]")
-    failed["output"] = failed["extra_data"]["diagnosis"] + "\n" + TRACE
+    failed["output"] = failed["diagnosis"] + "\n" + TRACE
     (reports / "carol" / "results.json").write_text(json.dumps(results))
     build_reports(reports)
     page = (reports / "carol" / "index.html").read_text()
