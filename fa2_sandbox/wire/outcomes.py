@@ -12,7 +12,7 @@ check to end, with a badge style base.html.j2 already draws), the place that pro
 (fa2_sandbox/harness/client.py or fa2_sandbox/runner/serve.py), and its hostile example under
 submissions/hostile/. tests/self/fa2_sandbox/test_outcomes.py holds the table to that.
 
-The words themselves are written to disk (check files, results.json extra_data.outcome, the runner
+The words themselves are written to disk (check files and results.json entries as `outcome`, the runner
 channel): never rename one, add a new one.
 """
 from dataclasses import dataclass

@@ -189,6 +189,23 @@ def test_a_record_reads_back_from_results_json_as_it_was_written():
     assert CheckRecord.from_json(test).output == "Traceback ..."  # the traceback, for staff
 
 
+def test_a_record_reads_from_any_json_without_raising():
+    """results.json is untrusted: a value of the wrong type reads as the field's default."""
+    junk = {"part": ["not", "text"], "verdicts": "v", "heatmap": 1, "timing": [1], "seconds": "slow",
+            "score": None, "advice": "yes", "case_fields": [1], "attempts": "a", "stand_in": "yes",
+            "precision": 32, "see_also": "", "recorded_at": "now"}
+    for data in (None, [], "x", {}, junk):
+        r = CheckRecord.from_json(data, submission="s", default_visibility="hidden")
+        assert (r.verdicts, r.heatmap, r.timing, r.attempts, r.see_also, r.recorded_at) == (None,) * 6
+        assert (r.case_fields, r.seconds, r.score, r.stand_in, r.advice) == ({}, 0.0, 0.0, False, False)
+        assert (r.submission, r.visibility, r.outcome) == ("s", "hidden", "error")
+        assert r.row.gradescope == "failed"  # an entry that says nothing passes nothing
+    assert CheckRecord.from_json(junk).precision == "32" and CheckRecord.from_json({}).part == "other"
+    grader_error = CheckRecord.from_json({"outcome": "grader_error", "output": "Traceback ...\n"})
+    assert grader_error.diagnosis.startswith("not graded: the grader itself failed")  # not the traceback
+    assert grader_error.output == "Traceback ..."
+
+
 def test_families_come_from_the_case_fields_and_else_from_the_case_ids(tmp_path):
     subs = load_all(FIXTURES)
     flash = [c for s in subs for c in s.checks if c.case_fields]
