@@ -9,8 +9,10 @@ from fa2_sandbox.harness.client import Reply
 from fa2_sandbox.runner import flash_call, input_changes
 from fa2_sandbox.wire.cases import FlashCase, make_inputs
 from grading.check import Check
+from grading.checks import test_flash
 from grading.checks.changed_inputs import changed_inputs, name_changed_inputs
 from grading.checks.test_flash import judge
+from grading.declaration import declared_for
 from grading.matrix import COURSE_CASE
 from grading.rubric import Rubric
 from reference.flash_pytorch import FlashAttentionPytorch
@@ -48,7 +50,8 @@ def judged(case, tier, cls):
     """The forward check's record for `cls` on `case`, as test_forward words it."""
     rubric = Rubric()
     grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric)
-    check = Check(SimpleNamespace(name="student"), "flash_pytorch", "forward", case, tier, rubric)
+    declared = declared_for(test_flash.test_forward, {"slot": "pytorch", "tier": tier, "case": case}, rubric)
+    check = Check(SimpleNamespace(name="student"), declared, case, rubric)
     q, k, v, do = make_inputs(case, SEED, "cpu")
     before = input_changes.snapshot({"q": q, "k": k, "v": v})
     tensors = flash_call.run_flash(cls, q, k, v, do, case.is_causal)

@@ -13,8 +13,10 @@ import torch
 
 from fa2_sandbox.wire.cases import FlashCase
 from grading.check import Check
+from grading.checks import test_flash
 from grading.checks.flash_checks import expected
 from grading.checks.test_flash import judge
+from grading.declaration import declared_for
 from grading.rubric import Rubric
 
 SEED = 20261125
@@ -26,7 +28,8 @@ def judged(slot, tier, case, answer):
     """The check's record after judging `answer` (o, L) with the rule of `tier`."""
     rubric = Rubric()
     grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric)
-    check = Check(SimpleNamespace(name="student"), f"flash_{slot}", "forward", case, tier, rubric)
+    declared = declared_for(test_flash.test_forward, {"slot": slot, "tier": tier, "case": case}, rubric)
+    check = Check(SimpleNamespace(name="student"), declared, case, rubric)
     try:
         judge(check, grading, slot, tier, case, answer, ["o", "L"])
     except pytest.fail.Exception:
