@@ -28,8 +28,9 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
 - A Triton slot that autotunes at every length (kbjiang's) is slow at every case too, each of its
   checks finishing, and a check of it may never run PROMOTE_S: its tracks began in the queue's
   second half and each held one worker for minutes. Its runner's first autotuning result tells
-  (GradingScheduling.autotuned, from its Triton memory check, which runs first of all), and its
-  queued Triton tracks go to the head of the queue.
+  (GradingScheduling.autotuned, from its Triton memory check, which runs first of all): its queued
+  Triton tracks go to the head of the queue, each in two parts, whose compiling is the price of a
+  second worker from the start.
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -113,6 +114,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s if flash_timeout_s else float("inf")
         self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
+        self.split = set()  # submissions whose Triton slot autotunes: moved up and split, once
         self.promotions = []  # the line of each move, saying why
 
     def shared_call(self, nodeid: str) -> str:
@@ -255,29 +257,48 @@ class GradingScheduling(LoadGroupScheduling):
 
     def autotuned(self, submission: str) -> None:
         """The submission's Triton slot autotuned in a runner (the controller hears it from the runner's
-        facts, session.Grading.note_runner): every new length may tune every config again, so each of
-        its Triton tracks is long, though each check of it finishes and may never run PROMOTE_S.
+        facts, session.Grading.note_runner): every new length tunes every config again, so each of its
+        Triton tracks is long, and each check of it still finishes. Its queued Triton tracks go to the
+        head of the queue, each in two parts (later_half), so two workers share each from the start.
         kbjiang's, which autotunes at every length, began its Triton tracks in the queue's second
-        half and ended the class (notes/grading-speed.md). Its queued Triton tracks go to the head of
-        the queue, whole: split in two as well, every autotuning submission's parts compiled the same
-        kernels twice, and the class recorded fewer checks by the same time."""
-        if submission in self.slow:
+        half, each on one worker for minutes, and ended the class (notes/grading-speed.md). A slot slow
+        for another reason is moved up but not split: one that times out would wait out a timeout
+        in each part."""
+        if submission in self.split:
             return
+        self.split.add(submission)
         self.slow.add(submission)
-        self._promote(submission, "its Triton slot autotunes")
+        self._promote(submission, "its Triton slot autotunes", split=True)
 
-    def _promote(self, submission: str, why: str) -> None:
-        """Move the submission's queued Triton tracks to the head of the queue, in their order."""
-        moved = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, submission)]
-        if not moved:  # all of them handed out already
+    def _promote(self, submission: str, why: str, split: bool = False) -> None:
+        """Move the submission's queued Triton tracks to the head of the queue, in their order; with
+        `split`, each track as two units, its earlier and its later half."""
+        tracks = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, submission)]
+        if not tracks:  # all of them handed out already
             return
+        moved = [part for key in tracks for part in self._halves(key)] if split else tracks
         for key in reversed(moved):
             self.workqueue.move_to_end(key, last=False)
-        line = f"{submission}: {len(moved)} Triton track(s) moved to the head of the queue, since {why}"
+        parts = f", in {len(moved)} parts" if split else ""
+        line = f"{submission}: {len(tracks)} Triton track(s) moved to the head of the queue{parts}, since {why}"
         self.promotions.append(line)
         self.log(line)
         if self.on_promote is not None:
             self.on_promote(line)
+
+    def _halves(self, key) -> list:
+        """A queued unit split in two: its key, then a new part's with the later half of its tests
+        (the larger cases: a track runs its smallest first); one key where it cannot be split."""
+        unit = self.workqueue[key]
+        later = later_half(unit, list(unit), self.shared_call)
+        if not later or len(later) == len(unit):
+            return [key]
+        for nodeid in later:
+            del unit[nodeid]
+        self.parts[key[0]] += 1
+        part = (key[0], self.parts[key[0]])
+        self.workqueue[part] = dict.fromkeys(later, False)
+        return [key, part]
 
     def _is_triton_of(self, unit: dict, submission: str) -> bool:
         identity = self.identities.get(next(iter(unit), None))

@@ -323,30 +323,32 @@ def run_hearing_autotuning(scheduler, nodes):
     return run(scheduler, nodes, autotuning_seconds, logstart=True)
 
 
-def test_an_autotuning_triton_slot_goes_up():
+def test_an_autotuning_triton_slot_goes_up_in_two_parts():
     scheduler, nodes, sent = start(autotuning_class(), 3)
     took = run_hearing_autotuning(scheduler, nodes)
-    assert scheduler.promotions == ["tuned: 1 Triton track(s) moved to the head of the queue, since "
+    assert scheduler.promotions == ["tuned: 1 Triton track(s) moved to the head of the queue, in 2 parts, since "
                                     "its Triton slot autotunes"]
     order = tracks_sent(scheduler, sent)
     # three workers hold two tracks each from the start; at 10 s the memory check is done, and
-    # tuned's track goes next, before quick5's PyTorch track and quick0's Triton track
-    assert order[:7] == ["tuned/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + ["tuned/triton-bf16-full"]
+    # tuned's track goes next, its two halves (cases 0-1, cases 2-3) on two workers
+    assert order[:8] == ["tuned/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + ["tuned/triton-bf16-full"] * 2
+    halves = [[scheduler.shared_call(scheduler.collection[i]) for i in indices] for _, indices in sent[6:8]]
+    assert halves == [["case0"] * 2 + ["case1"] * 2, ["case2"] * 2 + ["case3"] * 2]
     ran_once(scheduler, nodes)
-    # without the move, tuned's 160 s track waits behind the PyTorch tracks: 280 s, not 190
-    unmoved, nodes, _ = start(autotuning_class(), 3, promote_after_s=1e9)
-    assert (took, run(unmoved, nodes, autotuning_seconds, logstart=True)) == (190.0, 280.0)
+    # without: tuned's 160 s track waits behind the PyTorch tracks on one worker, shared only at the end
+    unsplit, nodes, _ = start(autotuning_class(), 3, promote_after_s=1e9)
+    assert (took, run(unsplit, nodes, autotuning_seconds, logstart=True)) == (200.0, 280.0)
 
 
-def test_an_autotuning_slot_moves_once_and_only_while_queued():
+def test_an_autotuning_slot_is_split_once_and_only_while_queued():
     scheduler, nodes, sent = start(autotuning_class(), 3)
     scheduler.autotuned("tuned")
     scheduler.autotuned("tuned")
-    assert len(scheduler.promotions) == 1 and scheduler.slow == {"tuned"}
+    assert len(scheduler.promotions) == 1 and scheduler.parts["tuned/triton-bf16-full"] == 1
     # a submission whose Triton tracks are all handed out already: nothing to move, nothing said
     late, nodes, _ = start(autotuning_class()[:1] + pairs("triton-bf16-full", 4, "tuned"), 3)
     late.autotuned("tuned")
-    assert not late.promotions
+    assert not late.promotions and not late.parts
     assert run(late, nodes, autotuning_seconds) > 0 and not late.request
 
 
