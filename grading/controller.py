@@ -234,8 +234,6 @@ class ControllerPlugin:
             self.save_collected()
         if facts := sent.get(protocol.RUNNER):
             self.note_runner(facts)
-            if facts.get("autotunes") and self.scheduler is not None:
-                self.scheduler.autotuned(facts["submission"])
         if name := sent.get(protocol.SUBMISSION):
             self.durations.add(name, report.nodeid, report.duration, sent.get(protocol.CHECK))
             if report.start and report.stop:  # this session's span of the submission's tests: its wall clock

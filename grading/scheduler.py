@@ -23,14 +23,7 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
   Triton tracks go to the head of the queue, in their order. Only the Triton slot's checks count:
   a torch.compile'd PyTorch slot takes a minute at its first case on the CPU in half the class, and
   every Triton track first, tried, made every submission compile at once and ended the class later
-  ("Triton first"). A promoted track is not split earlier: split parts compile again, and a slot
-  that times out would wait out a timeout in each.
-- A Triton slot that autotunes at every length (kbjiang's) is slow at every case too, each of its
-  checks finishing, and a check of it may never run PROMOTE_S: its tracks began in the queue's
-  second half and each held one worker for minutes. Its runner's first autotuning result tells
-  (GradingScheduling.autotuned, from its Triton memory check, which runs first of all): its queued
-  Triton tracks go to the head of the queue, each in two parts, whose compiling is the price of a
-  second worker from the start.
+  ("Triton first"). A promoted track is not split earlier: split parts compile again.
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -45,7 +38,7 @@ from typing import NamedTuple
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 
-from grading.tracks import KINDS, TRITON_CASES
+from grading.tracks import KINDS
 
 TIMING_PER_GPU = 3  # timing tracks in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a track's queued checks must be expected to take for an idle worker to share them
@@ -56,9 +49,8 @@ RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and th
 # 1024-long cases, each waiting out the flash timeout, were stolen while its first one still ran, and
 # every thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
 LIKELY_TIMEOUT = 2 / 3
-PROMOTE_S = 30.0  # a Triton check running this long marks its submission's Triton slot slow: past what
-# the memory check at 16384 of a correct kernel that does not autotune takes, compiling included, in a
-# class on one GPU (an autotuning one is known by its autotuning: GradingScheduling.autotuned)
+PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow: well past
+# what a correct kernel's memory check at 16384 takes, compiling included, in a class on one GPU
 
 
 class Steal(NamedTuple):
@@ -114,7 +106,6 @@ class GradingScheduling(LoadGroupScheduling):
         self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s if flash_timeout_s else float("inf")
         self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
-        self.split = set()  # submissions whose Triton slot autotunes: moved up and split, once
         self.promotions = []  # the line of each move, saying why
 
     def shared_call(self, nodeid: str) -> str:
@@ -250,55 +241,20 @@ class GradingScheduling(LoadGroupScheduling):
             identity = self.identities.get(nodeid)
             if identity is None or now - began < self.promote_after_s or identity.submission in self.slow:
                 continue
-            if identity.track.kind not in TRITON_CASES:
+            if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]):
                 continue
             self.slow.add(identity.submission)
-            self._promote(identity.submission, f"{nodeid.split('::')[-1].split('@')[0]} had run {now - began:.0f} s")
-
-    def autotuned(self, submission: str) -> None:
-        """The submission's Triton slot autotuned in a runner (the controller hears it from the runner's
-        facts, session.Grading.note_runner): every new length tunes every config again, so each of its
-        Triton tracks is long, and each check of it still finishes. Its queued Triton tracks go to the
-        head of the queue, each in two parts (later_half), so two workers share each from the start.
-        kbjiang's, which autotunes at every length, began its Triton tracks in the queue's second
-        half, each on one worker for minutes, and ended the class (notes/grading-speed.md). A slot slow
-        for another reason is moved up but not split: one that times out would wait out a timeout
-        in each part."""
-        if submission in self.split:
-            return
-        self.split.add(submission)
-        self.slow.add(submission)
-        self._promote(submission, "its Triton slot autotunes", split=True)
-
-    def _promote(self, submission: str, why: str, split: bool = False) -> None:
-        """Move the submission's queued Triton tracks to the head of the queue, in their order; with
-        `split`, each track as two units, its earlier and its later half."""
-        tracks = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, submission)]
-        if not tracks:  # all of them handed out already
-            return
-        moved = [part for key in tracks for part in self._halves(key)] if split else tracks
-        for key in reversed(moved):
-            self.workqueue.move_to_end(key, last=False)
-        parts = f", in {len(moved)} parts" if split else ""
-        line = f"{submission}: {len(tracks)} Triton track(s) moved to the head of the queue{parts}, since {why}"
-        self.promotions.append(line)
-        self.log(line)
-        if self.on_promote is not None:
-            self.on_promote(line)
-
-    def _halves(self, key) -> list:
-        """A queued unit split in two: its key, then a new part's with the later half of its tests
-        (the larger cases: a track runs its smallest first); one key where it cannot be split."""
-        unit = self.workqueue[key]
-        later = later_half(unit, list(unit), self.shared_call)
-        if not later or len(later) == len(unit):
-            return [key]
-        for nodeid in later:
-            del unit[nodeid]
-        self.parts[key[0]] += 1
-        part = (key[0], self.parts[key[0]])
-        self.workqueue[part] = dict.fromkeys(later, False)
-        return [key, part]
+            moved = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, identity.submission)]
+            if not moved:  # all of them handed out already
+                continue
+            for key in reversed(moved):
+                self.workqueue.move_to_end(key, last=False)
+            line = (f"{identity.submission}: {len(moved)} Triton track(s) moved to the head of the queue, since "
+                    f"{nodeid.split('::')[-1].split('@')[0]} had run {now - began:.0f} s")
+            self.promotions.append(line)
+            self.log(line)
+            if self.on_promote is not None:
+                self.on_promote(line)
 
     def _is_triton_of(self, unit: dict, submission: str) -> bool:
         identity = self.identities.get(next(iter(unit), None))

@@ -82,7 +82,6 @@ class Grading:
         self._kept = {}  # name -> a runner of the grader's own code, kept for the session (keep)
         self._replies = {}  # ((submission name, track), the request as sent) -> (Reply, tensors)
         self._current = None
-        self.autotuning = set()  # submissions whose Triton slot autotuned in a runner of this process
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
 
     def _switch_to(self, name: str, track: Track):
@@ -214,12 +213,6 @@ class Grading:
         facts.setdefault("runner_logs", {})[track.name] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
-        # Not for info.json: the scheduler's (GradingScheduling.autotuned), which spreads an autotuning
-        # Triton slot's tracks early. Asked until the answer is yes: a look at the cache's folders.
-        if track.kind in tracks.TRITON_CASES and submission.name not in self.autotuning \
-                and runner.scratch_folder.autotuned():
-            self.autotuning.add(submission.name)
-            facts["autotunes"] = True
 
     def forget(self, name: str):
         """Drop a submission's cached replies and close its runners: a retry starts afresh."""

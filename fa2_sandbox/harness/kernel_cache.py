@@ -75,16 +75,6 @@ def is_autotuning(relative: str) -> bool:
     return relative.endswith(".autotune.json")
 
 
-def holds_autotuning(cache: Path) -> bool:
-    """Whether a runner's Triton cache holds an autotuning result: its kernel autotuned (where
-    TRITON_CACHE_AUTOTUNING=1, the autotuner writes each result into its entry's folder as it chooses)."""
-    try:
-        return any(name.endswith(".autotune.json") for entry in os.scandir(cache) if entry.is_dir(follow_symlinks=False)
-                   for name in os.listdir(entry.path))
-    except OSError:
-        return False
-
-
 def _regular_files(folder: Path):
     """(relative path, size) of the plain files under `folder`, links and special files left out."""
     for directory, dirs, files in os.walk(folder):  # os.walk does not follow links to folders

@@ -262,7 +262,7 @@ def slow_triton_seconds(nodeid):
 
 
 def test_a_triton_check_that_runs_long_moves_its_submissions_triton_tracks_up():
-    scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=60.0)
+    scheduler, nodes, sent = start(slow_triton_class(), 3)
     took = run(scheduler, nodes, slow_triton_seconds, logstart=True)
     order = tracks_sent(scheduler, sent)
     # Each of the three workers holds two tracks from the start. At 60 s the memory check still
@@ -284,72 +284,13 @@ def test_only_the_triton_slot_running_long_moves_tracks():
     collection = pairs("pytorch", 1, "compiled") + [t for k in range(3) for t in pairs("pytorch", 1, f"quick{k}")]
     collection += pairs("triton-bf16-full", 2, "compiled")
     scheduler, nodes, sent = start(collection, 2)
-    run(scheduler, nodes, lambda nodeid: 90.0 if "compiled/pytorch" in nodeid else 20.0, logstart=True)
+    run(scheduler, nodes, lambda nodeid: 90.0 if "compiled/pytorch" in nodeid else 30.0, logstart=True)
     assert not scheduler.promotions and not scheduler.slow
     assert tracks_sent(scheduler, sent)[-1] == "compiled/triton-bf16-full"
 
     scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=1.0)
     run(scheduler, nodes, slow_triton_seconds, logstart=True)
     assert len(scheduler.promotions) == 1 and scheduler.slow == {"slow"}
-
-
-def autotuning_class():
-    """tuned's Triton memory check (10 s) goes first, then six quick submissions' PyTorch tracks (60 s
-    each), then quick0's Triton track (2 checks of 5 s) and tuned's (4 cases, forward and backward
-    20 s each: an autotuning slot, slow at every case and never 30 s on one check)."""
-    collection = [nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "tuned")]
-    collection += [t for k in range(6) for t in pairs("pytorch", 1, f"quick{k}")]
-    collection += pairs("triton-fp32-full", 1, "quick0") + pairs("triton-bf16-full", 4, "tuned")
-    return collection
-
-
-def autotuning_seconds(nodeid):
-    if "tuned" in nodeid:
-        return 10.0 if "memory" in nodeid else 20.0
-    return 30.0 if "pytorch" in nodeid else 5.0
-
-
-def run_hearing_autotuning(scheduler, nodes):
-    """run, the controller telling the scheduler that tuned autotuned as its memory check ends (the
-    runner's facts come on that check's report)."""
-    memory = scheduler.collection.index(next(t for t in scheduler.collection if "memory" in t))
-    complete = scheduler.mark_test_complete
-
-    def mark_test_complete(node, index, duration=0):  # xdist: a test's reports come before its completion
-        if index == memory:
-            scheduler.autotuned("tuned")
-        complete(node, index, duration)
-    scheduler.mark_test_complete = mark_test_complete
-    return run(scheduler, nodes, autotuning_seconds, logstart=True)
-
-
-def test_an_autotuning_triton_slot_goes_up_in_two_parts():
-    scheduler, nodes, sent = start(autotuning_class(), 3)
-    took = run_hearing_autotuning(scheduler, nodes)
-    assert scheduler.promotions == ["tuned: 1 Triton track(s) moved to the head of the queue, in 2 parts, since "
-                                    "its Triton slot autotunes"]
-    order = tracks_sent(scheduler, sent)
-    # three workers hold two tracks each from the start; at 10 s the memory check is done, and
-    # tuned's track goes next, its two halves (cases 0-1, cases 2-3) on two workers
-    assert order[:8] == ["tuned/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + ["tuned/triton-bf16-full"] * 2
-    halves = [[scheduler.shared_call(scheduler.collection[i]) for i in indices] for _, indices in sent[6:8]]
-    assert halves == [["case0"] * 2 + ["case1"] * 2, ["case2"] * 2 + ["case3"] * 2]
-    ran_once(scheduler, nodes)
-    # without: tuned's 160 s track waits behind the PyTorch tracks on one worker, shared only at the end
-    unsplit, nodes, _ = start(autotuning_class(), 3, promote_after_s=1e9)
-    assert (took, run(unsplit, nodes, autotuning_seconds, logstart=True)) == (200.0, 280.0)
-
-
-def test_an_autotuning_slot_is_split_once_and_only_while_queued():
-    scheduler, nodes, sent = start(autotuning_class(), 3)
-    scheduler.autotuned("tuned")
-    scheduler.autotuned("tuned")
-    assert len(scheduler.promotions) == 1 and scheduler.parts["tuned/triton-bf16-full"] == 1
-    # a submission whose Triton tracks are all handed out already: nothing to move, nothing said
-    late, nodes, _ = start(autotuning_class()[:1] + pairs("triton-bf16-full", 4, "tuned"), 3)
-    late.autotuned("tuned")
-    assert not late.promotions and not late.parts
-    assert run(late, nodes, autotuning_seconds) > 0 and not late.request
 
 
 def test_forward_and_backward_of_a_case_move_together():
