@@ -10,6 +10,7 @@ import base64
 import csv
 import hashlib
 import io
+import json
 import os
 import sys
 from importlib import resources
@@ -18,10 +19,10 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from grading.results import store
-from grading.results.record import points
+from grading.results.record import CLASS_FILE, class_from_json, class_to_json, graded_folders, left_out, points
 
 from . import classstats, plots, tracebacks
+from .badges import badge_style
 from .page_model import HIDDEN_VISIBILITY, load_all
 
 
@@ -36,7 +37,7 @@ def make_env() -> Environment:
                       undefined=StrictUndefined, trim_blocks=True, lstrip_blocks=True,
                       keep_trailing_newline=True, extensions=["jinja2.ext.do"])
     env.filters.update(points=_points, num=plots.fmt, colour=plots.heat_colour_fraction,
-                       pct=lambda f: "—" if f is None else f"{100 * f:.0f}%")
+                       pct=lambda f: "—" if f is None else f"{100 * f:.0f}%", badge_style=badge_style)
     env.globals.update(plots=plots, tracebacks=tracebacks, hidden_visibility=HIDDEN_VISIBILITY)
     return env
 
@@ -176,10 +177,9 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
     view only changes the per-submission pages.
     """
     reports_dir = Path(reports_dir)
-    known = store.read_class(reports_dir)
+    known = _read_class(reports_dir)
     if keep_others:
-        known = store.write_class(reports_dir, known["submissions"] if known else [],
-                                  known["skipped"] if known else [], keep_others=True)
+        known = _keep_others(reports_dir, known)
     members = set(known["submissions"]) if known else None
     env = make_env()
     written = []
@@ -198,7 +198,7 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
         check_rates=classstats.check_rates(everyone),
         family_rates=classstats.family_rates(everyone),
         skipped=known["skipped"] if known else [],
-        left_out=store.left_out(reports_dir, members),
+        left_out=left_out(reports_dir, members),
         upload_warnings=warnings,
     )
     _write(reports_dir / "index.html", class_page, written)
@@ -207,6 +207,23 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
     for line in warnings if warn else ():
         print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
+
+
+def _read_class(reports_dir: Path) -> dict | None:
+    try:
+        data = json.loads((reports_dir / CLASS_FILE).read_text())
+    except (OSError, ValueError):  # no run wrote it, or it is unreadable: the class is every submission
+        data = None
+    return class_from_json(data)
+
+
+def _keep_others(reports_dir: Path, known: dict | None) -> dict:
+    """Make every submission graded into the folder part of its class, in class.json too, so a later
+    build without --keep-others lists them as well."""
+    names = set(known["submissions"] if known else []) | set(graded_folders(reports_dir))
+    data = class_to_json(names, known["skipped"] if known else [])
+    _write(reports_dir / CLASS_FILE, json.dumps(data, indent=1), [])
+    return data
 
 
 def _csp_hash(script: str) -> str:

@@ -19,14 +19,11 @@ from types import SimpleNamespace
 from fa2_sandbox.wire import outcomes
 from grading.results.record import CheckRecord, as_dict, as_number, as_text
 
+from .badges import NEVER_RUN
+
 # Gradescope shows these to students only later, so the student view leaves them out entirely.
 HIDDEN_VISIBILITY = {"hidden", "after_due_date", "after_published"}
 ENVIRONMENT_KEYS = ("device", "torch", "triton", "triton_interpreter", "python")
-# The badge of a check that never ran (scoring lists it as not graded, with no record, so no
-# outcome): what the pages show beside a grader error's, as outcomes.Outcome rows both; its words
-# are the runner's for a scenario never reached ("not run").
-NEVER_RUN = outcomes.Outcome(outcomes.NOT_RUN, outcomes.STATE_UNGRADED, None, outcomes.ALARM,
-                             "never run: no result was recorded for this check; it counts 0 until regraded")
 
 
 @dataclass

@@ -2,13 +2,13 @@
 
 Both sides of the trust boundary speak these: the runner sends a call's status, the harness adds
 the statuses of calls the runner could not answer, the checks turn a status into a check's
-outcome, scoring counts outcomes, Gradescope gets a status, and the pages group checks by state
-and draw each outcome's badge. All of that is read off the rows below, so nobody else spells a
-word or decides what it means.
+outcome, scoring counts outcomes, Gradescope gets a status, and the pages group checks by state.
+All of that is read off the rows below, so nobody else spells a word or decides what it means.
+How an outcome's badge looks is the pages' own (reporting/badges.py): the runner draws no page.
 
 Adding a way for a runner call to end (a new runner fault, say the harness refusing a reply too
 large) is: its constant and STATUSES row here (and its OUTCOMES row when it is a new way for a
-check to end, with a badge style base.html.j2 already draws), the place that produces it
+check to end, and its badge style in reporting/badges.py), the place that produces it
 (fa2_sandbox/harness/client.py or fa2_sandbox/runner/serve.py), and its hostile example under
 submissions/hostile/. tests/self/fa2_sandbox/test_outcomes.py holds the table to that.
 
@@ -49,13 +49,6 @@ STATES = (STATE_FAILED, STATE_PASSED, STATE_SKIPPED, STATE_UNGRADED, STATE_NOT_H
 # "passed" to Gradescope (0 of 0), a timeout "failed".
 GRADESCOPE_PASSED, GRADESCOPE_FAILED = "passed", "failed"
 
-# -- badge styles: reporting/templates/base.html.j2 draws `.badge.<style>` (and `.check.<style>`,
-# a failed check's card, where the style has one). Named for how they look, never for an outcome,
-# so a new outcome picks one and the CSS does not change.
-GOOD, BAD, SLOW, DIRE, STUB, NEUTRAL, ALARM = "good", "bad", "slow", "dire", "stub", "neutral", "alarm"
-PLAIN = "plain"  # an outcome this table does not know (an older results.json): no rule, grey
-BADGES = (GOOD, BAD, SLOW, DIRE, STUB, NEUTRAL, ALARM)
-
 
 @dataclass(frozen=True)
 class Outcome:
@@ -63,7 +56,6 @@ class Outcome:
     word: str  # in check files and results.json: never renamed
     state: str  # the page section that lists it (STATES)
     gradescope: str | None  # its status on Gradescope; None: neither, Gradescope judges by the score
-    badge: str  # how its badge looks (BADGES)
     sentence: str  # what it means, for whoever reads the page (the badge's tooltip) or Gradescope
 
     @property
@@ -83,29 +75,30 @@ class Outcome:
 
 
 OUTCOMES = {row.word: row for row in (
-    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, GOOD, "passed: the check found nothing wrong"),
-    Outcome(FAILED, STATE_FAILED, GRADESCOPE_FAILED, BAD, "failed: the submission's answer was wrong"),
-    Outcome(SKIPPED, STATE_SKIPPED, GRADESCOPE_PASSED, NEUTRAL,
+    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, "passed: the check found nothing wrong"),
+    Outcome(FAILED, STATE_FAILED, GRADESCOPE_FAILED, "failed: the submission's answer was wrong"),
+    Outcome(SKIPPED, STATE_SKIPPED, GRADESCOPE_PASSED,
             "skipped: does not apply to this submission, or could not be measured on it (0 of 0 points)"),
-    Outcome(NOT_GRADED_HERE, STATE_NOT_HERE, None, NEUTRAL, "not graded here: it needs a GPU"),
-    Outcome(GRADER_ERROR, STATE_UNGRADED, None, ALARM,
+    Outcome(NOT_GRADED_HERE, STATE_NOT_HERE, None, "not graded here: it needs a GPU"),
+    Outcome(GRADER_ERROR, STATE_UNGRADED, None,
             "the grader itself failed: counts neither for nor against the submission until regraded"),
     # A check failed by a runner call takes the call's status as its outcome (STATUSES below).
-    Outcome(ERROR, STATE_FAILED, GRADESCOPE_FAILED, BAD, "error: the submission raised an exception"),
-    Outcome(NOT_ATTEMPTED, STATE_FAILED, GRADESCOPE_FAILED, STUB,
+    Outcome(ERROR, STATE_FAILED, GRADESCOPE_FAILED, "error: the submission raised an exception"),
+    Outcome(NOT_ATTEMPTED, STATE_FAILED, GRADESCOPE_FAILED,
             "not attempted: the submission raised NotImplementedError (the template's stub)"),
-    Outcome(TIMEOUT, STATE_FAILED, GRADESCOPE_FAILED, SLOW, "timeout: the call ran past its time limit"),
-    Outcome(CRASH, STATE_FAILED, GRADESCOPE_FAILED, DIRE,
+    Outcome(TIMEOUT, STATE_FAILED, GRADESCOPE_FAILED, "timeout: the call ran past its time limit"),
+    Outcome(CRASH, STATE_FAILED, GRADESCOPE_FAILED,
             "crash: the submission's process died, broke the grader's channel or ran out of memory"),
-    Outcome(IMPORT_ERROR, STATE_FAILED, GRADESCOPE_FAILED, BAD,
+    Outcome(IMPORT_ERROR, STATE_FAILED, GRADESCOPE_FAILED,
             "import error: tests/adapters.py could not be imported"),
 )}
 
 
 def row_of(outcome: str) -> Outcome:
     """The row of `outcome`; a word the table does not know (an older or a forged results.json)
-    reads as a failure with a plain badge, which is what the pages and Gradescope always did."""
-    return OUTCOMES.get(outcome) or Outcome(outcome, STATE_FAILED, GRADESCOPE_FAILED, PLAIN, outcome.replace("_", " "))
+    reads as a failure (and the pages give it a plain badge), which is what the pages and Gradescope
+    always did."""
+    return OUTCOMES.get(outcome) or Outcome(outcome, STATE_FAILED, GRADESCOPE_FAILED, outcome.replace("_", " "))
 
 
 def state_of(outcome: str) -> str:

@@ -25,6 +25,7 @@ Invariants:
 import json
 import re
 from dataclasses import MISSING, dataclass, field, fields
+from pathlib import Path
 from typing import get_args
 
 from fa2_sandbox.wire.outcomes import ERROR, FAILED, GRADER_ERROR, NOT_GRADED_HERE, PASSED, UNSETTLED, row_of  # noqa: F401
@@ -163,7 +164,7 @@ class CheckRecord:
     @property
     def row(self):
         """Its outcome's row of the table (fa2_sandbox/wire/outcomes.py OUTCOMES): the state, the
-        Gradescope status, the badge's style and words, the sentence."""
+        Gradescope status, the badge's words, the sentence."""
         return row_of(self.outcome)
 
     @property
@@ -255,3 +256,37 @@ def as_number(value, default=0.0):
 
 def as_text(value):
     return "" if value is None else str(value)
+
+
+# -- the class file, reports/class.json: the submissions the class page, grades.csv and
+# gradescope_scores.csv list. The engine writes it (grading/results/store.py write_class) and so
+# does `build-reports --keep-others`; both read it. Its shape is here, with the records', because
+# the pages import nothing else of the engine.
+CLASS_FILE = "class.json"
+
+
+def class_to_json(names, skipped) -> dict:
+    return {"submissions": sorted(set(names)), "skipped": [str(p) for p in skipped]}
+
+
+def class_from_json(data) -> dict | None:
+    """{"submissions": [names], "skipped": [paths]} from class.json's `data`, or None where it holds
+    none (no run wrote it: a folder of an older grader, whose class is every submission in it)."""
+    if not isinstance(data, dict) or not isinstance(data.get("submissions"), list):
+        return None
+    skipped = data.get("skipped") if isinstance(data.get("skipped"), list) else []
+    return {"submissions": [str(n) for n in data["submissions"]], "skipped": [str(p) for p in skipped]}
+
+
+def graded_folders(reports) -> list:
+    """The names of the submissions graded into `reports` by any run: its folders holding an
+    info.json (written at the start of a run) or a results.json."""
+    return sorted({p.parent.name for pattern in ("*/info.json", "*/results.json") for p in Path(reports).glob(pattern)})
+
+
+def left_out(reports, members) -> list:
+    """The submissions graded into `reports` that its class (`members`) leaves out, by name: earlier
+    runs' (None: a folder without class.json, whose class is every submission)."""
+    if members is None:
+        return []
+    return [name for name in graded_folders(reports) if name not in members]

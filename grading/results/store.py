@@ -65,7 +65,9 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-from grading.results.record import CheckRecord
+# The class file's shape is the records' codec's, which the pages read it with; left_out is
+# imported here for the controller, which reads the folder through this module.
+from grading.results.record import CLASS_FILE, CheckRecord, class_from_json, class_to_json, graded_folders, left_out  # noqa: F401
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
@@ -120,28 +122,10 @@ def secret_seed(reports: Path) -> int:
     return seed
 
 
-CLASS_FILE = "class.json"
-
-
-def graded_folders(reports: Path) -> list:
-    """The names of the submissions graded into `reports` by any run: its folders holding an
-    info.json (written at the start of a run) or a results.json."""
-    return sorted({p.parent.name for pattern in ("*/info.json", "*/results.json") for p in Path(reports).glob(pattern)})
-
-
-def left_out(reports: Path, members) -> list:
-    """The submissions graded into `reports` that its class (`members`) leaves out, by name: earlier
-    runs' (None: a folder without class.json, whose class is every submission)."""
-    if members is None:
-        return []
-    return [name for name in graded_folders(reports) if name not in members]
-
-
 def write_class(reports: Path, names: list, skipped: list = (), keep_others: bool = False) -> dict:
     """Make `names` the class of `reports` (with keep_others, every submission graded into it as well);
     `skipped`: the folders a glob matched that hold no adapters file, as the run names them."""
-    names = sorted(set(names) | set(graded_folders(reports) if keep_others else ()))
-    data = {"submissions": names, "skipped": [str(p) for p in skipped]}
+    data = class_to_json(set(names) | set(graded_folders(reports) if keep_others else ()), skipped)
     write_json(Path(reports) / CLASS_FILE, data)
     return data
 
@@ -149,11 +133,7 @@ def write_class(reports: Path, names: list, skipped: list = (), keep_others: boo
 def read_class(reports: Path) -> dict | None:
     """{"submissions": [names], "skipped": [paths]} of `reports`, or None where no run wrote it (a
     folder of an older grader: then every submission in it is the class)."""
-    data = read_json(Path(reports) / CLASS_FILE)
-    if not isinstance(data, dict) or not isinstance(data.get("submissions"), list):
-        return None
-    skipped = data.get("skipped") if isinstance(data.get("skipped"), list) else []
-    return {"submissions": [str(n) for n in data["submissions"]], "skipped": [str(p) for p in skipped]}
+    return class_from_json(read_json(Path(reports) / CLASS_FILE))
 
 
 def read_json(path: Path, default=None):

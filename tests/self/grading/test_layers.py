@@ -4,13 +4,15 @@
     fa2_sandbox  the trust boundary (harness, runner, wire): none of grading or reporting, since
                  its runner's trusted copy holds only fa2_sandbox and must import nothing else
     grading      the engine: the sandbox, the references, its results layer (grading/results)
-    reporting    the pages: the results layer only, never the rest of the engine
+    reporting    the pages: the records' codec (grading/results/record.py) only, never the rest of
+                 the engine, and the outcome words of the wire
 
 and inside the engine, the checks ask the diagnoses for a sentence, never the reverse: both hold
 the ranks to grading/baselines.py, which imports nothing of the engine.
 
 Read from the source with ast, so an import inside a function counts too."""
 import ast
+import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -45,8 +47,30 @@ def test_the_sandbox_imports_nothing_of_the_engine_or_the_pages():
     assert crossing("fa2_sandbox", lambda name: False) == []
 
 
-def test_the_pages_read_only_the_results_layer():
-    assert crossing("reporting", lambda name: name.startswith(("grading.results", "fa2_sandbox.wire.outcomes"))) == []
+def test_the_pages_read_the_engine_only_through_the_records_codec():
+    """The pages read results.json and class.json in the format the engine writes them in
+    (grading/results/record.py), never through the rest of the results layer (store, scoring,
+    gradescope), which is the engine's own code for writing them."""
+    codec = "grading.results.record"
+    allowed = lambda name: name == codec or name.startswith((f"{codec}.", "fa2_sandbox.wire.outcomes"))  # noqa: E731
+    assert crossing("reporting", allowed) == []
+
+
+def string_constants(package: str) -> dict:
+    """{module file: the string literals it holds}, for every module under `package`."""
+    return {str(path.relative_to(ROOT)): {node.value for node in ast.walk(ast.parse(path.read_text(), str(path)))
+                                          if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+            for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def test_the_wire_carries_no_page_styles():
+    """The wire is the protocol of the runner, which draws no page: the styles base.html.j2 draws
+    (`.badge.<style>`, `.check.<style>`) are named in reporting alone."""
+    css = (ROOT / "reporting" / "templates" / "base.html.j2").read_text()
+    styles = set(re.findall(r"\.(?:badge|check)\.([a-z_]+)", css))
+    assert styles
+    found = string_constants("fa2_sandbox/wire")
+    assert found and [f"{w}: {s}" for w, strings in found.items() for s in sorted(strings & styles)] == []
 
 
 def test_the_engine_calls_the_pages_through_their_one_entry_point():
