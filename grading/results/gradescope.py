@@ -164,42 +164,8 @@ def grouped(results: dict, rubric) -> dict:
     gradescope_tests = []
     for part_number, part in enumerate(parts, 1):
         for number, key in enumerate([k for k in by_group if k.split(".")[0] == part], 1):
-            rs = by_group[key]
-            verdict = status(rs)
-            known = key in rubric.groups or not rs
-            advice = rubric.advice(key) if known else any(r.advice for r in rs)
-            score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
-            unrun = int(as_number(never_run.get(key))) if never_run is not None else 0
-            whole = not unrun  # every check of the group was recorded
-            if known and (most > 0 or not rs or unrun):  # the group's points, not a sum of shares rounded per check
-                points = points_of[key]
-                # ... unless some of its checks never ran (they keep their shares): then what the
-                # recorded ones earned, never scaled up
-                if never_run is None:  # an older results.json: its recorded checks hold less than its points
-                    whole = abs(most - points) <= 1e-3 * max(1, len(rs))
-                score, most = (points * score / most if whole and most else score), points
-            test = {
-                "number": f"{part_number}.{number}",
-                "name": group_name(key, labels, advice),
-                "score": round(score, 4), "max_score": round(most, 4),
-                # a group with checks that never ran has passed nothing yet, whatever those that ran did
-                "status": verdict if whole or verdict == GRADESCOPE_FAILED else None,
-                "output": group_output(rs) + ("" if whole or not rs else "\n\n_" + (
-                    f"{unrun} check{'s' * (unrun > 1)} of this group never ran" if unrun else
-                    "Some checks of this group never ran") + ": their share counts 0 until the submission is "
-                    "regraded._"),
-                "output_format": "md",
-                "tags": [part, *key.split(".")[2:3]] + (["advice"] if advice else []),
-                "visibility": rubric.visibility(key) if known else rs[0].visibility,
-                "extra_data": {"group": key, "part": part, "source": rubric.source(key) if known else rs[0].source,
-                               "advice": advice,
-                               "checks": [{"name": r.name, "outcome": r.outcome, "score": r.score,
-                                           "max_score": r.max_score, "diagnosis": r.diagnosis, "case": r.case}
-                                          for r in rs]},
-            }
-            if test["status"] is None:
-                del test["status"]
-            gradescope_tests.append(test)
+            gradescope_tests.append(_group_test(f"{part_number}.{number}", key, part, by_group[key], rubric,
+                                                labels, points_of[key], never_run))
 
     out = {"score": as_number(results.get("score")), "max_score": as_number(results.get("max_score")),
            "execution_time": as_number(results.get("execution_time")),
@@ -210,3 +176,50 @@ def grouped(results: dict, rubric) -> dict:
     if board := leaderboard(records):
         out["leaderboard"] = board
     return out
+
+
+def _group_test(number: str, key: str, part: str, rs: list, rubric, labels: dict, points: float,
+                never_run: dict | None) -> dict:
+    """Gradescope's test of one group: its checks' scores summed, its status and their outputs.
+    `points`: the group's points; `never_run`: results.json's never_run_by_group, None in an older one."""
+    verdict = status(rs)
+    known = key in rubric.groups or not rs
+    advice = rubric.advice(key) if known else any(r.advice for r in rs)
+    unrun = int(as_number(never_run.get(key))) if never_run is not None else 0
+    score, most, whole = _group_score(rs, known, points, unrun, older=never_run is None)
+    test = {
+        "number": number,
+        "name": group_name(key, labels, advice),
+        "score": round(score, 4), "max_score": round(most, 4),
+        # a group with checks that never ran has passed nothing yet, whatever those that ran did
+        "status": verdict if whole or verdict == GRADESCOPE_FAILED else None,
+        "output": group_output(rs) + ("" if whole or not rs else "\n\n_" + (
+            f"{unrun} check{'s' * (unrun > 1)} of this group never ran" if unrun else
+            "Some checks of this group never ran") + ": their share counts 0 until the submission is "
+            "regraded._"),
+        "output_format": "md",
+        "tags": [part, *key.split(".")[2:3]] + (["advice"] if advice else []),
+        "visibility": rubric.visibility(key) if known else rs[0].visibility,
+        "extra_data": {"group": key, "part": part, "source": rubric.source(key) if known else rs[0].source,
+                       "advice": advice,
+                       "checks": [{"name": r.name, "outcome": r.outcome, "score": r.score,
+                                   "max_score": r.max_score, "diagnosis": r.diagnosis, "case": r.case}
+                                  for r in rs]},
+    }
+    if test["status"] is None:
+        del test["status"]
+    return test
+
+
+def _group_score(rs: list, known: bool, points: float, unrun: int, older: bool) -> tuple:
+    """(score, max score, whether every check of the group was recorded) of one group whose recorded
+    checks are `rs`, `unrun` of its checks having never run."""
+    score, most = sum(r.score for r in rs), sum(r.max_score for r in rs)
+    whole = not unrun  # every check of the group was recorded
+    if known and (most > 0 or not rs or unrun):  # the group's points, not a sum of shares rounded per check
+        # ... unless some of its checks never ran (they keep their shares): then what the
+        # recorded ones earned, never scaled up
+        if older:  # an older results.json: its recorded checks hold less than its points
+            whole = abs(most - points) <= 1e-3 * max(1, len(rs))
+        score, most = (points * score / most if whole and most else score), points
+    return score, most, whole

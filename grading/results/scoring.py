@@ -35,57 +35,12 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     records = store.current_records(folder, expected, modules)
     info = store.read_info(reports, submission)
 
-    # The maximum is the rubric's total, the same for every submission (Rubric.weights): a group none
-    # of whose checks apply (all skipped: ddp.bucketing for a 2026-template submission, FSDP for a
-    # 2025 one, a replay of the template's stub) shares its points out over the others. A group's
-    # points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
-    # one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
-    # total is provisional or incomplete, not smaller.
     recorded = {r.nodeid for r in records}
     never_run = sorted(set(expected or ()) - recorded)
     unrun = unrun_by_group(never_run, groups or {}, records)
-    applying = [r for r in records if r.outcome != SKIPPED]
-    group_sizes = Counter(r.group for r in applying) + unrun
-    skipped_groups = {r.group for r in records} - set(group_sizes)
-    weights = rubric.weights(skipped_groups)
-    def new_part(label):  # every part says its advice share, 0 where it has no advice (grades.csv's columns)
-        return {"label": label, "score": 0.0, "max_score": 0.0, "advice_score": 0.0, "advice_max_score": 0.0,
-                "checks": 0, "not_graded_here": 0}
-
-    parts = {key: new_part(label) for key, label in rubric.parts.items()}  # the rubric's order: the pages
-    for group in rubric.groups:
-        if group in skipped_groups:
-            continue
-        # the points no recorded check of the group holds: all of them, or the unrun checks' share
-        waiting = weights[group] * (unrun[group] / group_sizes[group] if group in group_sizes else 1.0)
-        if waiting:
-            part = parts.setdefault(group.split(".")[0], new_part(group.split(".")[0]))
-            part["max_score"] += waiting
-            if rubric.advice(group):
-                part["advice_score"] = part.get("advice_score", 0.0)
-                part["advice_max_score"] = part.get("advice_max_score", 0.0) + waiting
-    tests = []
-    ungraded = []
-    for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
-        skipped = r.outcome == SKIPPED
-        # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
-        r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
-        r.max_score = 0.0 if skipped else weights.get(r.group, 0.0) / group_sizes[r.group]
-        r.score = r.max_score if r.outcome == PASSED else 0.0
-        if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
-            part = parts.setdefault(r.part, new_part(r.part))
-            part["score"] += r.score
-            part["max_score"] += r.max_score
-            part["checks"] += 0 if skipped else 1
-            part["not_graded_here"] += r.outcome == NOT_GRADED_HERE
-            if r.advice:  # of which advice (beyond the handout), reported apart
-                part["advice_score"] = part.get("advice_score", 0.0) + r.score
-                part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
-        if r.outcome == GRADER_ERROR:
-            ungraded.append({"name": r.name, "nodeid": r.nodeid,
-                             "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
-                                                                        or "unknown error")})
-        tests.append(r.to_scored_json())
+    weights, group_sizes, skipped_groups = _group_weights(records, unrun, rubric)
+    parts = _parts_with_unrecorded_points(rubric, weights, unrun, group_sizes, skipped_groups)
+    tests, ungraded = _score_records(records, rubric, weights, group_sizes, parts)
     for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
         part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
     ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
@@ -98,24 +53,12 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     check_seconds = round(sum(r.seconds or 0 for r in records), 2)  # the checks' own times, summed
     score = sum(p["score"] for p in parts.values())
     max_score = sum(p["max_score"] for p in parts.values())
-    # Gradescope's statuses: none for a grader error or a check not graded here (gradescope.status)
-    scored = [r for r in records if r.row.gradescope is not None]
-    failed = [r for r in scored if r.row.gradescope == GRADESCOPE_FAILED]
-    checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
-    summary = info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
-                                         else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
     provisional = bool(not_here) and not info.get("ungradable")  # ungradable says all there is to say
+    summary = _checks_line(records, info)
     if provisional:
         summary = provisional_line(not_here, parts) + " " + summary
     if incomplete:
-        why = []
-        if grader_failed := sum(1 for u in ungraded if u["name"]):
-            why.append(f"{grader_failed} not graded because the grader itself failed")
-        if never_run:
-            why.append(f"{len(never_run)} never run")
-        summary = (f"incomplete: {graded} of {counted(total, 'check')} graded"
-                   + (f" ({', '.join(why)})" if why else "")
-                   + "; the total is not final and will change when the rest are graded. " + summary)
+        summary = _incomplete_line(ungraded, never_run, graded, total) + " " + summary
     if info.get("interrupted"):  # the run itself ended early (a Slurm task's time limit, say): grading/slurm.py
         summary = f"{info['interrupted']}. {summary}"
     results = {
@@ -141,6 +84,97 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     store.write_json(folder / "results.json", results)
     store.write_json(folder / "gradescope.json", gradescope.grouped(results, rubric))
     return results
+
+
+def _group_weights(records: list, unrun: Counter, rubric: Rubric) -> tuple:
+    """(points of each group, checks of each group that apply, groups none of whose checks apply).
+
+    The maximum is the rubric's total, the same for every submission (Rubric.weights): a group none
+    of whose checks apply (all skipped: ddp.bucketing for a 2026-template submission, FSDP for a
+    2025 one, a replay of the template's stub) shares its points out over the others. A group's
+    points are split evenly over its checks that apply; a check not graded here (it needs a GPU) or
+    one the grader failed on keeps its share of the maximum and scores 0 until it is graded, so the
+    total is provisional or incomplete, not smaller."""
+    applying = [r for r in records if r.outcome != SKIPPED]
+    group_sizes = Counter(r.group for r in applying) + unrun
+    skipped_groups = {r.group for r in records} - set(group_sizes)
+    return rubric.weights(skipped_groups), group_sizes, skipped_groups
+
+
+def _new_part(label: str) -> dict:
+    """A part with nothing scored yet. Every part says its advice share, 0 where it has no advice
+    (grades.csv's columns)."""
+    return {"label": label, "score": 0.0, "max_score": 0.0, "advice_score": 0.0, "advice_max_score": 0.0,
+            "checks": 0, "not_graded_here": 0}
+
+
+def _parts_with_unrecorded_points(rubric: Rubric, weights: dict, unrun: Counter, group_sizes: Counter,
+                                  skipped_groups: set) -> dict:
+    """The rubric's parts, in its order (the pages'), whose maxima already hold the points no
+    recorded check holds: a whole group's when none of its checks was recorded, else the share of
+    its checks that never ran."""
+    parts = {key: _new_part(label) for key, label in rubric.parts.items()}
+    for group in rubric.groups:
+        if group in skipped_groups:
+            continue
+        waiting = weights[group] * (unrun[group] / group_sizes[group] if group in group_sizes else 1.0)
+        if waiting:
+            part = parts.setdefault(group.split(".")[0], _new_part(group.split(".")[0]))
+            part["max_score"] += waiting
+            if rubric.advice(group):
+                part["advice_score"] = part.get("advice_score", 0.0)
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + waiting
+    return parts
+
+
+def _score_records(records: list, rubric: Rubric, weights: dict, group_sizes: Counter, parts: dict) -> tuple:
+    """Score each record and add it to its part's sums: (the records' scored JSON, in the pages'
+    order, and an entry for each check the grader itself failed on)."""
+    tests = []
+    ungraded = []
+    for r in sorted(records, key=lambda r: (r.part, r.check, r.tier or "", r.name)):
+        skipped = r.outcome == SKIPPED
+        # Scoring: this rubric says where the check comes from, who sees it and what it is worth.
+        r.source, r.advice, r.visibility = rubric.source(r.group), rubric.advice(r.group), rubric.visibility(r.group)
+        r.max_score = 0.0 if skipped else weights.get(r.group, 0.0) / group_sizes[r.group]
+        r.score = r.max_score if r.outcome == PASSED else 0.0
+        if r.part in parts or not r.stand_in:  # a stand-in's part is no part of the rubric
+            part = parts.setdefault(r.part, _new_part(r.part))
+            part["score"] += r.score
+            part["max_score"] += r.max_score
+            part["checks"] += 0 if skipped else 1
+            part["not_graded_here"] += r.outcome == NOT_GRADED_HERE
+            if r.advice:  # of which advice (beyond the handout), reported apart
+                part["advice_score"] = part.get("advice_score", 0.0) + r.score
+                part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
+        if r.outcome == GRADER_ERROR:
+            ungraded.append({"name": r.name, "nodeid": r.nodeid,
+                             "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
+                                                                        or "unknown error")})
+        tests.append(r.to_scored_json())
+    return tests, ungraded
+
+
+def _checks_line(records: list, info: dict) -> str:
+    """The end of results.json's output: how many checks failed, or why the submission is ungradable."""
+    # Gradescope's statuses: none for a grader error or a check not graded here (gradescope.status)
+    scored = [r for r in records if r.row.gradescope is not None]
+    failed = [r for r in scored if r.row.gradescope == GRADESCOPE_FAILED]
+    checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
+    return info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
+                                      else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")
+
+
+def _incomplete_line(ungraded: list, never_run: list, graded: int, total: int) -> str:
+    """What results.json's output says first of a submission some of whose checks were not graded."""
+    why = []
+    if grader_failed := sum(1 for u in ungraded if u["name"]):
+        why.append(f"{grader_failed} not graded because the grader itself failed")
+    if never_run:
+        why.append(f"{len(never_run)} never run")
+    return (f"incomplete: {graded} of {counted(total, 'check')} graded"
+            + (f" ({', '.join(why)})" if why else "")
+            + "; the total is not final and will change when the rest are graded.")
 
 
 def counted(count: int, noun: str) -> str:
