@@ -28,7 +28,7 @@ from grading import protocol
 from grading.check import CheckIdentity, submission_of
 from grading.durations import Durations
 from grading.results import scoring, store
-from grading.results.record import CheckRecord, points
+from grading.results.record import CheckRecord, left_out, points
 from grading.session import GRADING, environment
 from reporting import build_reports
 
@@ -397,7 +397,7 @@ class ControllerPlugin:
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
         members = (store.read_class(self.state.reports) or {}).get("submissions")
-        if others := store.left_out(self.state.reports, members):
+        if others := left_out(self.state.reports, members):
             terminalreporter.write_line(
                 f"its class page lists this run's submissions; {len(others)} graded into {self.state.reports} "
                 f"before {'is' if len(others) == 1 else 'are'} left out ({', '.join(others[:5])}"

@@ -65,9 +65,8 @@ import time
 from dataclasses import replace
 from pathlib import Path
 
-# The class file's shape is the records' codec's, which the pages read it with; left_out is
-# imported here for the controller, which reads the folder through this module.
-from grading.results.record import CLASS_FILE, CheckRecord, class_from_json, class_to_json, graded_folders, left_out  # noqa: F401
+# The class file's shape is the records' codec's, which the pages read it with.
+from grading.results.record import CLASS_FILE, CheckRecord, class_from_json, class_to_json, graded_folders
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
