@@ -38,9 +38,9 @@ COMPILE_ROLES = (COMPILE_WORKERS, COMPILERS)
 # The account's columns, in the order printed.
 UNPROFILED = "runner, unprofiled"  # a runner that never said hello (its import failed or hung)
 OTHER_CHILDREN = "runners' other children"
-COLUMNS = (cpu_profile.STARTING, cpu_profile.COMPILING, cpu_profile.STUDENT, cpu_profile.WATCHING,
-           cpu_profile.WAITING, cpu_profile.OWN, "after the last reply", UNPROFILED, RANKS, OTHER_CHILDREN,
-           "grader worker")
+COLUMNS = (cpu_profile.STARTING, cpu_profile.COMPILING, cpu_profile.AUTOTUNING, cpu_profile.STUDENT,
+           cpu_profile.WATCHING, cpu_profile.WAITING, cpu_profile.OWN, "after the last reply", UNPROFILED, RANKS,
+           OTHER_CHILDREN, "grader worker")
 
 
 def runner_profiles(cpu_log: Path) -> tuple[dict, dict]:

@@ -21,23 +21,29 @@ import time
 PERIOD = 0.02
 
 STARTING = "start and imports"  # everything before the runner's hello, then any import
-COMPILING = "compiling"         # Triton, torch.compile and their autotuners
+COMPILING = "compiling"         # Triton, torch.compile and the launchers they build
+AUTOTUNING = "autotuning"       # an autotuner timing its configs: the student's kernels, run many times
 WATCHING = "op watch"           # the grader's own torch modes (instruments.Watch)
 STUDENT = "student calls"       # a frame of the submission on the stack
 WAITING = "waiting for the GPU"  # in torch.cuda.synchronize (a busy wait on some drivers)
 OWN = "runner's own"            # making inputs, copying and saving tensors, messages
-ACTIVITIES = (STARTING, COMPILING, WATCHING, STUDENT, WAITING, OWN)
+ACTIVITIES = (STARTING, COMPILING, AUTOTUNING, WATCHING, STUDENT, WAITING, OWN)
 # (torch._dynamo.utils.counters' group, its key): the FX graph cache and the AOTAutograd cache.
 CACHE_COUNTERS = (("inductor", "fxgraph_cache_hit"), ("inductor", "fxgraph_cache_miss"),
                   ("aot_autograd", "autograd_cache_hit"), ("aot_autograd", "autograd_cache_miss"))
 
-# Files (and, where a file also runs compiled code, its functions) that compile or autotune.
-COMPILE_FILES = ("/triton/compiler/", "/triton/backends/", "/triton/testing.py", "/torch/_dynamo/convert_frame.py",
+# Files (and, where a file also runs compiled code, its functions) that compile. Triton's driver
+# builds a kernel's launcher (a C module, with gcc) the first time the kernel runs, and then runs it.
+COMPILE_FILES = ("/triton/compiler/", "/triton/backends/nvidia/compiler.py", "/triton/backends/amd/compiler.py",
+                 "/triton/runtime/build.py", "/torch/_dynamo/convert_frame.py",
                  "/torch/_inductor/compile_fx.py", "/torch/_inductor/codecache.py", "/torch/_inductor/async_compile.py",
                  "/torch/_inductor/cpp_builder.py", "/torch/_inductor/codegen/", "/torch/_inductor/scheduler.py",
                  "/torch/_inductor/graph.py", "/torch/_functorch/aot_autograd.py")
-COMPILE_FUNCTIONS = {"benchmark_all_configs", "precompile", "_precompile_config", "autotune_to_one_config",
-                     "_bench", "prune_configs"}
+COMPILE_FUNCTIONS = {"precompile", "_precompile_config", "prune_configs", "compile_module_from_src", "make_launcher"}
+# Where an autotuner times its configs (triton/runtime/autotuner.py; torch.compile's triton_heuristics.py):
+# the kernels it runs are compiled first, inside it, and a compiling frame is found before it.
+AUTOTUNE_FILES = ("/triton/runtime/autotuner.py", "/torch/_inductor/runtime/triton_heuristics.py")
+AUTOTUNE_FUNCTIONS = {"_bench", "benchmark", "do_bench", "benchmark_all_configs", "autotune_to_one_config"}
 
 
 class Profile:
@@ -93,6 +99,8 @@ class Profile:
                 return STARTING
             if any(part in name for part in COMPILE_FILES) or code.co_name in COMPILE_FUNCTIONS:
                 return COMPILING
+            if code.co_name in AUTOTUNE_FUNCTIONS and any(part in name for part in AUTOTUNE_FILES):
+                return AUTOTUNING
             student = student or name.startswith(self.root)
             frame = frame.f_back
         inner = innermost.f_code
