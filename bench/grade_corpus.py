@@ -41,8 +41,8 @@ WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
 sys.path.insert(0, str(ROOT))
 from fa2_sandbox.wire import course_env  # noqa: E402  (the grader's own reading of uv path dependencies)
-from fa2_sandbox.wire.outcomes import FAILED, GRADESCOPE_FAILED, GRADESCOPE_PASSED, PASSED, SKIPPED  # noqa: E402
-from grading.results.gradescope import status_of  # noqa: E402
+from fa2_sandbox.wire.outcomes import FAILED, PASSED, SKIPPED  # noqa: E402
+from grading.results.gradescope import STATUS_FAILED, STATUS_PASSED, status_of  # noqa: E402
 
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
 
@@ -175,14 +175,14 @@ def summarize(reports: Path) -> dict:
         course = {}
         for slot in ("flash_pytorch", "flash_triton"):
             mine = [t for t in tests if t.get("part") == slot and t.get("tier") == "course"]
-            course[slot] = (sum(status_of(t) == GRADESCOPE_PASSED for t in mine), len(mine))
+            course[slot] = (sum(status_of(t) == STATUS_PASSED for t in mine), len(mine))
         rows[results.parent.name] = {
             "ungradable": data.get("extra_data", {}).get("ungradable"),
             "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
             "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
             "tf32": sum(t.get("precision") == "tf32" for t in tests),
             "failed": {t["name"].split("::", 1)[1]: (t.get("diagnosis") or t["output"])[:300]
-                       for t in tests if status_of(t) == GRADESCOPE_FAILED},
+                       for t in tests if status_of(t) == STATUS_FAILED},
             "notes": data.get("extra_data", {}).get("notes", []),
         }
     return rows

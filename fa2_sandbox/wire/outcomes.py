@@ -2,9 +2,10 @@
 
 Both sides of the trust boundary speak these: the runner sends a call's status, the harness adds
 the statuses of calls the runner could not answer, the checks turn a status into a check's
-outcome, scoring counts outcomes, Gradescope gets a status, and the pages group checks by state.
-All of that is read off the rows below, so nobody else spells a word or decides what it means.
-How an outcome's badge looks is the pages' own (reporting/badges.py): the runner draws no page.
+outcome, scoring counts passes and fails, and the pages group checks by state. All of that is read
+off the rows below, so nobody else spells a word or decides what it means. How an outcome's badge
+looks is the pages' own (reporting/badges.py), and Gradescope's word for it is the Gradescope
+export's (grading/results/gradescope.py): the runner draws no page and talks to no Gradescope.
 
 Adding a way for a runner call to end (a new runner fault, say the harness refusing a reply too
 large) is: its constant and STATUSES row here (and its OUTCOMES row when it is a new way for a
@@ -44,18 +45,14 @@ STATE_UNGRADED = "ungraded"  # a grader error
 STATE_NOT_HERE = "not_here"  # not graded on this machine
 STATES = (STATE_FAILED, STATE_PASSED, STATE_SKIPPED, STATE_UNGRADED, STATE_NOT_HERE)
 
-# -- Gradescope's status of a test (its spec: "passed" or "failed", or none at all) --------------
-# The same two words as the outcomes PASSED and FAILED, but another vocabulary: a skipped check is
-# "passed" to Gradescope (0 of 0), a timeout "failed".
-GRADESCOPE_PASSED, GRADESCOPE_FAILED = "passed", "failed"
-
-
 @dataclass(frozen=True)
 class Outcome:
     """One way a check can end, and all that follows from it."""
     word: str  # in check files and results.json: never renamed
     state: str  # the page section that lists it (STATES)
-    gradescope: str | None  # its status on Gradescope; None: neither, Gradescope judges by the score
+    # Whether it counts as a pass (a skipped check does: 0 of 0) or a fail (a timeout does); None:
+    # neither, it is not scored yet (a grader error, a check that needs a GPU).
+    passes: bool | None
     sentence: str  # what it means, for whoever reads the page (the badge's tooltip) or Gradescope
 
     @property
@@ -65,31 +62,31 @@ class Outcome:
 
     @property
     def passed(self) -> bool:
-        """Passed as Gradescope counts: a skipped check passes (0 / 0)."""
-        return self.gradescope == GRADESCOPE_PASSED
+        """Counts as a pass: a skipped check passes (0 / 0)."""
+        return self.passes is True
 
     @property
     def settled(self) -> bool:
-        """Passed or failed; False for a check still to be graded (grader error, needs a GPU)."""
-        return self.gradescope is not None
+        """A pass or a fail; False for a check still to be graded (grader error, needs a GPU)."""
+        return self.passes is not None
 
 
 OUTCOMES = {row.word: row for row in (
-    Outcome(PASSED, STATE_PASSED, GRADESCOPE_PASSED, "passed: the check found nothing wrong"),
-    Outcome(FAILED, STATE_FAILED, GRADESCOPE_FAILED, "failed: the submission's answer was wrong"),
-    Outcome(SKIPPED, STATE_SKIPPED, GRADESCOPE_PASSED,
+    Outcome(PASSED, STATE_PASSED, True, "passed: the check found nothing wrong"),
+    Outcome(FAILED, STATE_FAILED, False, "failed: the submission's answer was wrong"),
+    Outcome(SKIPPED, STATE_SKIPPED, True,
             "skipped: does not apply to this submission, or could not be measured on it (0 of 0 points)"),
     Outcome(NOT_GRADED_HERE, STATE_NOT_HERE, None, "not graded here: it needs a GPU"),
     Outcome(GRADER_ERROR, STATE_UNGRADED, None,
             "the grader itself failed: counts neither for nor against the submission until regraded"),
     # A check failed by a runner call takes the call's status as its outcome (STATUSES below).
-    Outcome(ERROR, STATE_FAILED, GRADESCOPE_FAILED, "error: the submission raised an exception"),
-    Outcome(NOT_ATTEMPTED, STATE_FAILED, GRADESCOPE_FAILED,
+    Outcome(ERROR, STATE_FAILED, False, "error: the submission raised an exception"),
+    Outcome(NOT_ATTEMPTED, STATE_FAILED, False,
             "not attempted: the submission raised NotImplementedError (the template's stub)"),
-    Outcome(TIMEOUT, STATE_FAILED, GRADESCOPE_FAILED, "timeout: the call ran past its time limit"),
-    Outcome(CRASH, STATE_FAILED, GRADESCOPE_FAILED,
+    Outcome(TIMEOUT, STATE_FAILED, False, "timeout: the call ran past its time limit"),
+    Outcome(CRASH, STATE_FAILED, False,
             "crash: the submission's process died, broke the grader's channel or ran out of memory"),
-    Outcome(IMPORT_ERROR, STATE_FAILED, GRADESCOPE_FAILED,
+    Outcome(IMPORT_ERROR, STATE_FAILED, False,
             "import error: tests/adapters.py could not be imported"),
 )}
 
@@ -98,7 +95,7 @@ def row_of(outcome: str) -> Outcome:
     """The row of `outcome`; a word the table does not know (an older or a forged results.json)
     reads as a failure (and the pages give it a plain badge), which is what the pages and Gradescope
     always did."""
-    return OUTCOMES.get(outcome) or Outcome(outcome, STATE_FAILED, GRADESCOPE_FAILED, outcome.replace("_", " "))
+    return OUTCOMES.get(outcome) or Outcome(outcome, STATE_FAILED, False, outcome.replace("_", " "))
 
 
 def state_of(outcome: str) -> str:
@@ -106,7 +103,7 @@ def state_of(outcome: str) -> str:
     return row_of(outcome).state
 
 
-# Neither passed nor failed, so no Gradescope status: GRADER_ERROR, NOT_GRADED_HERE.
+# Neither a pass nor a fail: GRADER_ERROR, NOT_GRADED_HERE.
 UNSETTLED = tuple(w for w, row in OUTCOMES.items() if not row.settled)
 
 

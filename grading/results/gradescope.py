@@ -17,8 +17,13 @@ results.json's entries are read through CheckRecord.from_json, which never raise
 malformed one. `rubric` is grading/rubric.py's Rubric, passed in rather than imported:
 `reporting` is the installed package and `tests` is not.
 """
-from fa2_sandbox.wire.outcomes import GRADESCOPE_FAILED, GRADESCOPE_PASSED, PASSED, SKIPPED
+from fa2_sandbox.wire.outcomes import PASSED, SKIPPED
 from grading.results.record import CheckRecord, as_dict, as_number, as_text, points
+
+# Gradescope's status of a test (its spec: "passed" or "failed", or none at all). The same two words
+# as the outcomes PASSED and FAILED, but another vocabulary: a skipped check is "passed" to
+# Gradescope (0 of 0), a timeout "failed".
+STATUS_PASSED, STATUS_FAILED = "passed", "failed"
 
 MAX_LINES = 25  # failed / not-graded lines per test: Gradescope collapses a long output, nobody reads it
 MAX_CASES = 6  # cases named on one line; the rest are counted
@@ -51,15 +56,23 @@ def status(records: list) -> str | None:
     """failed if any check failed; passed if every check passed (or does not apply); None when the
     rest were not graded (a grader error, a check that needs a GPU), as the outcome's row says per
     check (fa2_sandbox/wire/outcomes.py). With no status Gradescope judges the test by its score."""
-    if any(r.row.gradescope == GRADESCOPE_FAILED for r in records):
-        return GRADESCOPE_FAILED
-    return GRADESCOPE_PASSED if records and all(r.passed for r in records) else None
+    if any(check_status(r) == STATUS_FAILED for r in records):
+        return STATUS_FAILED
+    return STATUS_PASSED if records and all(r.passed for r in records) else None
+
+
+def check_status(r: CheckRecord) -> str | None:
+    """The status of one check on its own, from whether its outcome counts as a pass, a fail, or
+    neither (the outcome's row, fa2_sandbox/wire/outcomes.py)."""
+    if r.row.passes is None:
+        return None
+    return STATUS_PASSED if r.row.passes else STATUS_FAILED
 
 
 def status_of(entry: dict) -> str | None:
     """The status Gradescope would give one results.json entry (a check) on its own: passed,
     failed, or None (a grader error, a check not graded here). bench/ and the tests judge by it."""
-    return CheckRecord.from_json(entry).row.gradescope
+    return check_status(CheckRecord.from_json(entry))
 
 
 def reason(r: CheckRecord) -> str:
@@ -192,7 +205,7 @@ def _group_test(number: str, key: str, part: str, rs: list, rubric, labels: dict
         "name": group_name(key, labels, advice),
         "score": round(score, 4), "max_score": round(most, 4),
         # a group with checks that never ran has passed nothing yet, whatever those that ran did
-        "status": verdict if whole or verdict == GRADESCOPE_FAILED else None,
+        "status": verdict if whole or verdict == STATUS_FAILED else None,
         "output": group_output(rs) + ("" if whole or not rs else "\n\n_" + (
             f"{unrun} check{'s' * (unrun > 1)} of this group never ran" if unrun else
             "Some checks of this group never ran") + ": their share counts 0 until the submission is "

@@ -30,7 +30,7 @@ from typing import get_args
 
 from fa2_sandbox.wire.outcomes import ERROR, FAILED, GRADER_ERROR, NOT_GRADED_HERE, PASSED, UNSETTLED, row_of  # noqa: F401
 
-# The outcome words, and what each means for Gradescope and the pages: fa2_sandbox/wire/outcomes.py
+# The outcome words, and what each means for scoring and the pages: fa2_sandbox/wire/outcomes.py
 # OUTCOMES, read here through row_of (NOT_GRADED_HERE and UNSETTLED are imported here too, for the
 # modules that read records).
 # A check's source starting with this is advice (grading/rubric.py says the same).
@@ -157,14 +157,14 @@ class CheckRecord:
 
     @property
     def passed(self) -> bool:
-        """Gradescope's status: a skipped check passes (0 / 0)."""
+        """Counts as a pass: a skipped check passes (0 / 0)."""
         return self.row.passed
 
     # -- what the pages show ----------------------------------------------------------------
     @property
     def row(self):
-        """Its outcome's row of the table (fa2_sandbox/wire/outcomes.py OUTCOMES): the state, the
-        Gradescope status, the badge's words, the sentence."""
+        """Its outcome's row of the table (fa2_sandbox/wire/outcomes.py OUTCOMES): the state, whether
+        it counts as a pass, a fail or neither, the badge's words, the sentence."""
         return row_of(self.outcome)
 
     @property

@@ -8,7 +8,7 @@ killed before its end (run_autograder's time limit).
 from collections import Counter
 from pathlib import Path
 
-from fa2_sandbox.wire.outcomes import GRADER_ERROR, GRADESCOPE_FAILED, NOT_GRADED_HERE, PASSED, SKIPPED
+from fa2_sandbox.wire.outcomes import GRADER_ERROR, NOT_GRADED_HERE, PASSED, SKIPPED
 from grading.results import gradescope, store
 from grading.results.record import points
 from grading.rubric import Rubric
@@ -157,9 +157,9 @@ def _score_records(records: list, rubric: Rubric, weights: dict, group_sizes: Co
 
 def _checks_line(records: list, info: dict) -> str:
     """The end of results.json's output: how many checks failed, or why the submission is ungradable."""
-    # Gradescope's statuses: none for a grader error or a check not graded here (gradescope.status)
-    scored = [r for r in records if r.row.gradescope is not None]
-    failed = [r for r in scored if r.row.gradescope == GRADESCOPE_FAILED]
+    # A grader error or a check not graded here is neither a pass nor a fail, as on Gradescope (gradescope.status)
+    scored = [r for r in records if r.row.settled]
+    failed = [r for r in scored if not r.passed]
     checks = f"{len(scored)} check{'s' * (len(scored) != 1)}"
     return info.get("ungradable") or (f"{len(failed)} of {checks} failed." if failed
                                       else f"All {checks} passed." if len(scored) != 1 else "The one check passed.")

@@ -9,6 +9,7 @@ import pytest
 
 from fa2_sandbox.harness.client import Reply
 from fa2_sandbox.wire import outcomes
+from grading.results.gradescope import status_of
 from reporting import badges
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -64,11 +65,11 @@ def test_every_status_fails_a_check_with_an_outcome_of_the_table():
     assert outcomes.ANSWERED == (outcomes.OK, outcomes.ERROR, outcomes.NOT_ATTEMPTED)
 
 
-def test_every_row_says_its_state_gradescope_status_badge_and_sentence():
+def test_every_row_says_its_state_pass_or_fail_badge_and_sentence():
     for word, row in outcomes.OUTCOMES.items():
         assert row.word == word
         assert row.state in outcomes.STATES
-        assert row.gradescope in (outcomes.GRADESCOPE_PASSED, outcomes.GRADESCOPE_FAILED, None)
+        assert row.passes in (True, False, None)
         assert badges.STYLE_OF_OUTCOME.get(word) in badges.BADGES, f"reporting/badges.py gives {word} no style"
         assert row.sentence
 
@@ -87,7 +88,7 @@ MEANINGS = {"passed": ("passed", "passed", "passed"), "skipped": ("skipped", "pa
 @pytest.mark.parametrize("word", MEANINGS)
 def test_each_word_means_what_it_always_meant(word):
     row = outcomes.row_of(word)
-    assert (row.state, row.gradescope, row.label) == MEANINGS[word]
+    assert (row.state, status_of({"outcome": word}), row.label) == MEANINGS[word]
     assert outcomes.state_of(word) == MEANINGS[word][0]
 
 

@@ -13,7 +13,10 @@ the ranks to grading/baselines.py, which imports nothing of the engine.
 Read from the source with ast, so an import inside a function counts too."""
 import ast
 import re
+from dataclasses import fields
 from pathlib import Path
+
+from fa2_sandbox.wire import outcomes
 
 ROOT = Path(__file__).resolve().parents[3]
 TOP = ("reference", "fa2_sandbox", "grading", "reporting")
@@ -71,6 +74,27 @@ def test_the_wire_carries_no_page_styles():
     assert styles
     found = string_constants("fa2_sandbox/wire")
     assert found and [f"{w}: {s}" for w, strings in found.items() for s in sorted(strings & styles)] == []
+
+
+def identifiers(package: str) -> dict:
+    """{module file: every name it defines or reads (variables, attributes, fields, functions, arguments)}."""
+    keys = ("id", "attr", "name", "arg", "asname")
+    return {str(path.relative_to(ROOT)): {getattr(node, key) for node in ast.walk(ast.parse(path.read_text()))
+                                          for key in keys if isinstance(getattr(node, key, None), str)}
+            for path in sorted((ROOT / package).rglob("*.py"))}
+
+
+def test_the_wire_carries_no_gradescope_statuses():
+    """Gradescope's statuses are the Gradescope export's (grading/results/gradescope.py): a row of the
+    wire says only whether its outcome counts as a pass, a fail or neither, so the runner's protocol
+    names no Gradescope field or constant, and no row holds "passed" or "failed" but as its own word
+    or page state (Gradescope's two words are also two outcomes' and two states')."""
+    found = identifiers("fa2_sandbox/wire")
+    assert found and [f"{w}: {n}" for w, names in found.items() for n in sorted(names)
+                      if "gradescope" in n.lower()] == []
+    rows = [*outcomes.OUTCOMES.values(), outcomes.row_of("someday_new")]
+    assert [f"{row.word}: {f.name}" for row in rows for f in fields(row)
+            if f.name not in ("word", "state") and getattr(row, f.name) in ("passed", "failed")] == []
 
 
 def test_the_engine_calls_the_pages_through_their_one_entry_point():

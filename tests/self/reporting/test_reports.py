@@ -199,7 +199,7 @@ def test_a_record_reads_from_any_json_without_raising():
         assert (r.verdicts, r.heatmap, r.timing, r.attempts, r.see_also, r.recorded_at) == (None,) * 6
         assert (r.case_fields, r.seconds, r.score, r.stand_in, r.advice) == ({}, 0.0, 0.0, False, False)
         assert (r.submission, r.visibility, r.outcome) == ("s", "hidden", "error")
-        assert r.row.gradescope == "failed"  # an entry that says nothing passes nothing
+        assert status_of(r.to_json()) == "failed"  # an entry that says nothing passes nothing
     assert CheckRecord.from_json(junk).precision == "32" and CheckRecord.from_json({}).part == "other"
     grader_error = CheckRecord.from_json({"outcome": "grader_error", "output": "Traceback ...\n"})
     assert grader_error.diagnosis.startswith("not graded: the grader itself failed")  # not the traceback
