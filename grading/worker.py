@@ -78,7 +78,7 @@ def record_of(item, report, call, name):
                       output=str(report.longrepr)[-20000:], attempts=errors)  # the traceback, for staff
     if state.first_error and record.outcome != GRADER_ERROR:
         record.retried_after = state.first_error  # the first attempt's grader error
-    record.nodeid = state.identity.check_id
+    record.check_id = state.identity.check_id
     return record
 
 

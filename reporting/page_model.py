@@ -302,7 +302,7 @@ def _count(value):
 
 
 def _ungraded(value, checks) -> list:
-    """extra_data.ungraded as [{"name", "nodeid", "reason"}] (name None: a check never run, known
+    """extra_data.ungraded as [{"name", "check_id", "reason"}] (name None: a check never run, known
     only by its test id), plus any grader-error check the list lacks."""
     found = []
     for entry in value if isinstance(value, list) else []:
@@ -311,12 +311,13 @@ def _ungraded(value, checks) -> list:
         if not isinstance(entry, dict):
             continue
         name = as_text(entry.get("name")) or None
-        nodeid = as_text(entry.get("nodeid")) or None
-        if name or nodeid:
-            found.append({"name": name, "nodeid": nodeid, "reason": as_text(entry.get("reason")) or "not graded",
+        # an earlier grader's results.json holds it under "nodeid": a rebuild of its pages still lists it
+        check_id = as_text(entry.get("check_id") or entry.get("nodeid")) or None
+        if name or check_id:
+            found.append({"name": name, "check_id": check_id, "reason": as_text(entry.get("reason")) or "not graded",
                           "row": outcomes.row_of(outcomes.GRADER_ERROR) if name else NEVER_RUN})
     named = {u["name"] for u in found}
-    found += [{"name": c.name, "nodeid": None, "reason": c.diagnosis or "the grader itself failed", "row": c.row}
+    found += [{"name": c.name, "check_id": None, "reason": c.diagnosis or "the grader itself failed", "row": c.row}
               for c in checks if c.state == outcomes.STATE_UNGRADED and c.name not in named]
     return found
 

@@ -79,7 +79,9 @@ class CheckRecord:
     # The check of the same submission whose failure is this one's cause (its local_name): the
     # forward check of a case whose call got no answer, say. The page links to it where it is shown.
     see_also: str | None = None
-    nodeid: str | None = None  # the pytest test id, without xdist's "@group"
+    # Its test's id, "grading.checks.test_flash::test_forward[...]" (grading/check.py check_id): the same
+    # from any rootdir, without xdist's "@group".
+    check_id: str | None = None
     recorded_at: float | None = None  # when the controller wrote the check file
     stand_in: bool = False  # made by the plugin for a test that failed before it made its check
     # What scoring adds (scoring.assemble): results.json's entries hold them, check files do not.
@@ -109,7 +111,7 @@ class CheckRecord:
                 "tier": self.tier, "group": self.group, "source": self.source, "advice": self.advice,
                 "name": self.name, "outcome": self.outcome, "diagnosis": self.diagnosis,
                 "output": self.output, "seconds": self.seconds}
-        for key in (*EVIDENCE, "nodeid", "recorded_at"):
+        for key in (*EVIDENCE, "check_id", "recorded_at"):
             if getattr(self, key) is not None:
                 data[key] = getattr(self, key)
         if self.stand_in:
@@ -129,6 +131,8 @@ class CheckRecord:
         """
         data = as_dict(data)
         record = cls(**{f.name: _read(data.get(f.name), f) for f in fields(cls)})
+        # A check file or results.json of an earlier grader holds the id under "nodeid": still current until regraded.
+        record.check_id = record.check_id or as_text(data.get("nodeid")) or None
         record.submission = record.submission or submission
         record.part = record.part or "other"
         record.check = record.check or as_text(data.get("name")) or "(unnamed check)"

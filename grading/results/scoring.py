@@ -14,9 +14,9 @@ from grading.results.record import points
 from grading.rubric import Rubric
 
 
-def _function(nodeid: str) -> str:
+def _function(check_id: str) -> str:
     """"grading.checks.test_flash::test_forward[alice-...]" -> "grading.checks.test_flash::test_forward"."""
-    return nodeid.split("[", 1)[0]
+    return check_id.split("[", 1)[0]
 
 
 def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modules=None, groups=None) -> dict:
@@ -35,7 +35,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     records = store.current_records(folder, expected, modules)
     info = store.read_info(reports, submission)
 
-    recorded = {r.nodeid for r in records}
+    recorded = {r.check_id for r in records}
     never_run = sorted(set(expected or ()) - recorded)
     unrun = unrun_by_group(never_run, groups or {}, records)
     weights, group_sizes, skipped_groups = _group_weights(records, unrun, rubric)
@@ -43,7 +43,7 @@ def assemble(reports: Path, submission: str, rubric: Rubric, expected=None, modu
     tests, ungraded = _score_records(records, rubric, weights, group_sizes, parts)
     for part in parts.values():  # a part none of whose checks could be graded here: blank, not 0
         part["graded"] = not part["not_graded_here"] or part["checks"] > part["not_graded_here"]
-    ungraded += [{"name": None, "nodeid": n, "reason": "never run: no result was recorded for this check"}
+    ungraded += [{"name": None, "check_id": n, "reason": "never run: no result was recorded for this check"}
                  for n in never_run]
     total = len(records) + len(never_run)
     graded = total - len(ungraded)
@@ -148,7 +148,7 @@ def _score_records(records: list, rubric: Rubric, weights: dict, group_sizes: Co
                 part["advice_score"] = part.get("advice_score", 0.0) + r.score
                 part["advice_max_score"] = part.get("advice_max_score", 0.0) + r.max_score
         if r.outcome == GRADER_ERROR:
-            ungraded.append({"name": r.name, "nodeid": r.nodeid,
+            ungraded.append({"name": r.name, "check_id": r.check_id,
                              "reason": "the grader itself failed: " + ("; then ".join(r.attempts or [])
                                                                         or "unknown error")})
         tests.append(r.to_scored_json())
@@ -207,7 +207,7 @@ def unrun_by_group(never_run: list, groups: dict, records: list) -> Counter:
     groups_of_function = {}
     for r in records:
         if r.outcome != SKIPPED:
-            groups_of_function.setdefault(_function(r.nodeid or ""), set()).add(r.group)
+            groups_of_function.setdefault(_function(r.check_id or ""), set()).add(r.group)
     return Counter(g for n in never_run
                    for g in ([groups[n]] if n in groups else groups_of_function.get(_function(n), ())))
 

@@ -159,8 +159,8 @@ def read_info(reports: Path, submission: str) -> dict:
     return info if isinstance(info, dict) else {}
 
 
-def _module(nodeid: str) -> str:
-    return nodeid.split("::", 1)[0]
+def _module(check_id: str) -> str:
+    return check_id.split("::", 1)[0]
 
 
 def update_collected(reports: Path, submission: str, tests: list, whole: set, groups: dict | None = None) -> None:
@@ -173,8 +173,8 @@ def update_collected(reports: Path, submission: str, tests: list, whole: set, gr
     known = read_json(path, {})
     modules = known.get("modules") if isinstance(known, dict) and isinstance(known.get("modules"), dict) else {}
     found = {}
-    for nodeid in tests:
-        found.setdefault(_module(nodeid), set()).add(nodeid)
+    for check_id in tests:
+        found.setdefault(_module(check_id), set()).add(check_id)
     for module, ids in found.items():
         old = modules.get(module) if isinstance(modules.get(module), dict) else {}
         if module in whole:
@@ -229,11 +229,11 @@ def current_records(folder: Path, expected=None, modules=None) -> list:
     if expected is not None:
         expected = set(expected)
         modules = set(modules) if modules is not None else {_module(n) for n in expected}
-        records = [r for r in records if r.nodeid
-                   and (r.nodeid in expected or _module(r.nodeid) not in modules)]
+        records = [r for r in records if r.check_id
+                   and (r.check_id in expected or _module(r.check_id) not in modules)]
     newest = {}
     for r in records:
-        key = r.nodeid or r.name
+        key = r.check_id or r.name
         if key not in newest or (r.recorded_at or 0) >= (newest[key].recorded_at or 0):
             newest[key] = r
     return list(newest.values())

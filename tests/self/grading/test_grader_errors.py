@@ -255,14 +255,14 @@ def test_info_json_written_by_several_processes_is_always_whole(tmp_path):
 
 # -- assembling from check records ---------------------------------------------------------------
 
-def record(name, outcome="passed", nodeid=None, group="flash_pytorch.forward.course", **extra):
+def record(name, outcome="passed", check_id=None, group="flash_pytorch.forward.course", **extra):
     part, rest = name.split("::")
     check, _, case = rest.partition("[")
     return CheckRecord(submission="alice", part=part, check=check, case=case.rstrip("]"), tier="course",
-                       group=group, outcome=outcome, output=outcome, seconds=1.0, nodeid=nodeid, **extra)
+                       group=group, outcome=outcome, output=outcome, seconds=1.0, check_id=check_id, **extra)
 
 
-MOD = "grading.checks.test_flash"  # a record names its check by module and test (plugin.check_id)
+MOD = "grading.checks.test_flash"  # a record names its check by module and test (grading/check.py check_id)
 
 
 def ids(*cases):
@@ -272,11 +272,11 @@ def ids(*cases):
 def test_assemble_counts_only_current_records(tmp_path):
     rubric = Rubric()
     write = lambda r: store.write_check(tmp_path, r)
-    write(record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]"))
-    write(record("flash_pytorch::forward[b]", nodeid=f"{MOD}::test_forward[alice-pytorch-b]"))
-    write(record("flash_pytorch::forward[old]", "failed", nodeid=f"{MOD}::test_forward[alice-pytorch-old]"))
+    write(record("flash_pytorch::forward[a]", check_id=f"{MOD}::test_forward[alice-pytorch-a]"))
+    write(record("flash_pytorch::forward[b]", check_id=f"{MOD}::test_forward[alice-pytorch-b]"))
+    write(record("flash_pytorch::forward[old]", "failed", check_id=f"{MOD}::test_forward[alice-pytorch-old]"))
     write(record("flash_pytorch::forward[legacy]", "failed"))  # an older grader's record: no test id
-    write(record("ddp::equivalence[x]", "passed", nodeid="grading.checks.test_distributed::test_ddp[alice-x]",
+    write(record("ddp::equivalence[x]", "passed", check_id="grading.checks.test_distributed::test_ddp[alice-x]",
                  group="ddp.equivalence"))
     (tmp_path / "alice" / "checks" / "garbage.json").write_text('{"name": "alice::x", "outc')  # unreadable
 
@@ -295,14 +295,26 @@ def test_assemble_counts_only_current_records(tmp_path):
     graded = scoring.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c"), modules={MOD})
     assert graded["extra_data"]["incomplete"] is True
     assert graded["output"].startswith("incomplete: 3 of 4 checks graded (1 never run)")
-    assert [u["nodeid"] for u in graded["extra_data"]["ungraded"]] == sorted(ids("c"))
+    assert [u["check_id"] for u in graded["extra_data"]["ungraded"]] == sorted(ids("c"))
+
+
+def test_a_check_file_of_an_earlier_grader_still_counts(tmp_path):
+    """An earlier grader wrote a check's id under "nodeid": its check file stays current until regraded."""
+    data = record("flash_pytorch::forward[a]", check_id=f"{MOD}::test_forward[alice-pytorch-a]").to_json()
+    data["nodeid"] = data.pop("check_id")
+    store.write_json(store.check_path(tmp_path, "alice", "alice::flash_pytorch::forward[a]"), data)
+    graded = scoring.assemble(tmp_path, "alice", Rubric(), expected=ids("a"), modules={MOD})
+    assert [t["name"] for t in graded["tests"]] == ["alice::flash_pytorch::forward[a]"]
+    assert graded["extra_data"]["incomplete"] is False
+    entry = graded["tests"][0]
+    assert entry["check_id"] == f"{MOD}::test_forward[alice-pytorch-a]" and "nodeid" not in entry
 
 
 def test_partial_credit_never_counts_an_unrun_check_as_earned(tmp_path):
     """A run stopped after 1 of 4 forward checks: that check earns its quarter of the group, not
     the group's whole points, and the maximum stays the rubric's (the unrun three hold theirs)."""
     rubric = Rubric()
-    ran = record("flash_pytorch::forward[a]", nodeid=f"{MOD}::test_forward[alice-pytorch-a]")
+    ran = record("flash_pytorch::forward[a]", check_id=f"{MOD}::test_forward[alice-pytorch-a]")
     store.write_check(tmp_path, ran)
     graded = scoring.assemble(tmp_path, "alice", rubric, expected=ids("a", "b", "c", "d"), modules={MOD})
     points = rubric.points("flash_pytorch.forward.course")
@@ -325,13 +337,13 @@ def test_a_stopped_run_scores_its_complete_groups_in_full(tmp_path):
     for slot in ("pytorch", "triton"):
         for phase in ("forward", "backward"):
             for case in ("a", "b"):
-                nodeid = f"{MOD}::test_{phase}[alice-{slot}-{case}]"
-                ids.append(nodeid)
-                groups[nodeid] = f"flash_{slot}.{phase}.course"
+                check_id = f"{MOD}::test_{phase}[alice-{slot}-{case}]"
+                ids.append(check_id)
+                groups[check_id] = f"flash_{slot}.{phase}.course"
                 if slot == "pytorch":  # the Triton checks never ran
                     store.write_check(tmp_path, CheckRecord(
-                        "alice", f"flash_{slot}", phase, case=case, tier="course", group=groups[nodeid],
-                        outcome="passed", output="passed", nodeid=nodeid))
+                        "alice", f"flash_{slot}", phase, case=case, tier="course", group=groups[check_id],
+                        outcome="passed", output="passed", check_id=check_id))
     store.update_collected(tmp_path, "alice", ids, {MOD}, groups)
     graded = scoring.assemble(tmp_path, "alice", rubric)
     full = rubric.points("flash_pytorch.forward.course") + rubric.points("flash_pytorch.backward.course")
@@ -353,7 +365,7 @@ def test_a_stopped_run_scores_its_complete_groups_in_full(tmp_path):
     # One Triton check ran after all: its group says how many of its checks did not.
     store.write_check(tmp_path, CheckRecord("alice", "flash_triton", "forward", case="a", tier="course",
                                             group="flash_triton.forward.course", outcome="passed",
-                                            nodeid=f"{MOD}::test_forward[alice-triton-a]"))
+                                            check_id=f"{MOD}::test_forward[alice-triton-a]"))
     scoring.assemble(tmp_path, "alice", rubric)
     grouped = {t["extra_data"]["group"]: t for t in
                json.loads((tmp_path / "alice" / "gradescope.json").read_text())["tests"]}
@@ -363,13 +375,13 @@ def test_a_stopped_run_scores_its_complete_groups_in_full(tmp_path):
 
 
 def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
-    nodeid = f"{MOD}::test_forward[alice-pytorch-a]"
-    store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", nodeid=nodeid))
+    check_id = f"{MOD}::test_forward[alice-pytorch-a]"
+    store.write_check(tmp_path, record("flash_pytorch::forward[a]", "failed", check_id=check_id))
     time.sleep(0.01)
     # The same test, renamed check (a stand-in written when the grader failed in a fixture, say)
-    store.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", nodeid=nodeid, group="",
+    store.write_check(tmp_path, record("grader::test_forward[a]", "grader_error", check_id=check_id, group="",
                                          stand_in=True, diagnosis="not graded: the grader itself failed (x)"))
-    graded = scoring.assemble(tmp_path, "alice", Rubric(), expected={nodeid}, modules={MOD})
+    graded = scoring.assemble(tmp_path, "alice", Rubric(), expected={check_id}, modules={MOD})
     assert [t["name"] for t in graded["tests"]] == ["alice::grader::test_forward[a]"]
     assert "grader" not in graded["extra_data"]["parts"]  # a stand-in makes no part of its own
     assert graded["extra_data"]["incomplete"] is True and graded["score"] == 0
@@ -378,8 +390,8 @@ def test_assemble_takes_the_newest_record_of_a_test(tmp_path):
 
 def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
     rubric = Rubric()
-    good = record("flash_pytorch::forward[a]", nodeid="a")
-    broken = record("flash_pytorch::forward[b]", "grader_error", nodeid="b",
+    good = record("flash_pytorch::forward[a]", check_id="a")
+    broken = record("flash_pytorch::forward[b]", "grader_error", check_id="b",
                     diagnosis=grader_error_diagnosis(["KeyError: 'o' at x.py:1", "KeyError: 'o' at x.py:1"]),
                     attempts=["KeyError: 'o' at x.py:1"] * 2)
     for r in (good, broken):
@@ -404,7 +416,7 @@ def test_grader_error_withholds_its_share_and_nothing_else(tmp_path):
 
 
 def test_student_view_hides_test_ids_of_checks_never_run(tmp_path):
-    store.write_check(tmp_path, record("flash_pytorch::forward[a]", nodeid="a"))
+    store.write_check(tmp_path, record("flash_pytorch::forward[a]", check_id="a"))
     scoring.assemble(tmp_path, "alice", Rubric(), expected={"a", "secret-hidden-case"}, modules={MOD})
     build_reports(tmp_path, student_view=True)
     page = (tmp_path / "alice" / "index.html").read_text()

@@ -138,7 +138,7 @@ def test_groups_with_unsettled_checks_have_no_status(tmp_path, grouped):
     for case, outcome in (("a", "passed"), ("b", GRADER_ERROR)):
         store.write_check(tmp_path, CheckRecord(
             "alice", "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
-            outcome=outcome, nodeid=f"{MOD}::test_forward[alice-pytorch-{case}]",
+            outcome=outcome, check_id=f"{MOD}::test_forward[alice-pytorch-{case}]",
             diagnosis=grader_error_diagnosis(["KeyError: 'o'"]) if outcome == GRADER_ERROR else ""))
     scoring.assemble(tmp_path, "alice", rubric, expected=None, modules=None)
     out = json.loads((tmp_path / "alice" / "gradescope.json").read_text())
@@ -211,13 +211,13 @@ def test_results_json_is_the_check_files_json_plus_the_score(tmp_path):
 
 def write_partial_run(reports: Path, submission="alice", recorded=("a", "b", "c"), expected=("a", "b", "c", "d")):
     """What a run killed mid-way leaves: collected.json and a check file per finished check, no results."""
-    nodeid = lambda case: f"{MOD}::test_forward[{submission}-pytorch-{case}]"
-    store.update_collected(reports, submission, [nodeid(c) for c in expected], {MOD})
+    check_id = lambda case: f"{MOD}::test_forward[{submission}-pytorch-{case}]"
+    store.update_collected(reports, submission, [check_id(c) for c in expected], {MOD})
     for case in recorded:
         store.write_check(reports, CheckRecord(
             submission, "flash_pytorch", "forward", case=case, tier="course", group="flash_pytorch.forward.course",
             outcome="failed" if case == "c" else "passed", diagnosis="wrong" if case == "c" else "",
-            nodeid=nodeid(case)))
+            check_id=check_id(case)))
 
 
 def test_results_command_assembles_check_files(tmp_path):
@@ -283,15 +283,15 @@ def write_class_member(reports: Path, submission: str, skipped: set, failed: set
     """One check per rubric group, passed unless in `failed`, skipped ("could not be measured", or
     not applying) if in `skipped`; assembled with the default rubric."""
     rubric = Rubric()
-    nodeids = []
+    check_ids = []
     for group in rubric.groups:
         part, check, *tier = group.split(".")
-        nodeid = f"grading.checks.test_{part}::test_{check}[{submission}-{group}]"
-        nodeids.append(nodeid)
+        check_id = f"grading.checks.test_{part}::test_{check}[{submission}-{group}]"
+        check_ids.append(check_id)
         outcome = "skipped" if group in skipped else "failed" if group in failed else "passed"
         store.write_check(reports, CheckRecord(submission, part, check, case=group, tier=(tier or [""])[0],
-                                                      group=group, outcome=outcome, nodeid=nodeid))
-    store.update_collected(reports, submission, nodeids, set())
+                                                      group=group, outcome=outcome, check_id=check_id))
+    store.update_collected(reports, submission, check_ids, set())
     return scoring.assemble(reports, submission, rubric)
 
 

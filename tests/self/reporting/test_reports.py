@@ -171,7 +171,7 @@ def test_a_record_reads_back_from_results_json_as_it_was_written():
                          tier="robustness", group="flash_triton.backward.robustness", source="beyond the handout: x",
                          advice=True, outcome="failed", diagnosis="dq is wrong.", output="dq is wrong.\nevidence",
                          seconds=1.5, verdicts={"dq": {"ok": False, "max_bound": 0.01}}, heatmap={"values": [[1.0]]},
-                         retried_after="KeyError", nodeid="t::x[bob]", score=0.0, max_score=0.1,
+                         retried_after="KeyError", check_id="t::x[bob]", score=0.0, max_score=0.1,
                          visibility="after_due_date")
     test = json.loads(json.dumps(record.to_scored_json()))
     assert test["name"] == "bob::flash_triton::backward[bf16-113x203-d64-causal]"
