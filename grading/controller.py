@@ -28,7 +28,7 @@ from grading import protocol
 from grading.check import CheckIdentity, submission_of
 from grading.durations import Durations
 from grading.results import scoring, store
-from grading.results.record import CheckRecord, left_out, points
+from grading.results.record import CheckRecord, left_out, points, read_class, write_class
 from grading.session import GRADING, environment
 from reporting import build_reports
 
@@ -381,8 +381,8 @@ class ControllerPlugin:
             self.summary.append((s.name, graded["score"], graded["max_score"], graded["output"]))
         # The class of the folder is this run's, written with its pages: a run that stopped before
         # grading (no check collected, a usage error) leaves the last run's class as it was.
-        store.write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
-                          keep_others=self.config.getoption("--keep-others"))
+        write_class(self.state.reports, [s.name for s in self.state.submissions], self.state.skipped,
+                    keep_others=self.config.getoption("--keep-others"))
         build_reports(self.state.reports, student_view=self.config.getoption("--student-view"))
         self.durations.mark("reports written")
 
@@ -396,7 +396,7 @@ class ControllerPlugin:
             terminalreporter.write_line(line)
         terminalreporter.write_line(f"reports: {self.state.reports / 'index.html'} "
                                     f"({time.monotonic() - self.started:.0f} s)")
-        members = (store.read_class(self.state.reports) or {}).get("submissions")
+        members = (read_class(self.state.reports) or {}).get("submissions")
         if others := left_out(self.state.reports, members):
             terminalreporter.write_line(
                 f"its class page lists this run's submissions; {len(others)} graded into {self.state.reports} "

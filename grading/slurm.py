@@ -177,6 +177,7 @@ def task_states(job: str) -> dict:
 def finish(args) -> int:
     """Mark the submissions of every task that did not complete, then build the pages once."""
     from grading.results import scoring, store
+    from grading.results.record import write_class
     from grading.rubric import Rubric
     from reporting import build_reports
 
@@ -201,7 +202,7 @@ def finish(args) -> int:
               + ("" if ended == "COMPLETED" else f"; regrade it alone: fa2-grade slurm --regrade {task} "
                                                  f"--reports {reports}"))
     # The class is the job's: every share, whatever else earlier runs left in the folder.
-    store.write_class(reports, [name for share in state["shares"] for name in share], state.get("skipped", []))
+    write_class(reports, [name for share in state["shares"] for name in share], state.get("skipped", []))
     build_reports(reports, warn=True)
     print(f"class page: {reports}/index.html")
     return 0

@@ -10,8 +10,6 @@ import base64
 import csv
 import hashlib
 import io
-import json
-import os
 import sys
 from importlib import resources
 from pathlib import Path
@@ -19,7 +17,7 @@ from pathlib import Path
 from jinja2 import Environment, PackageLoader, StrictUndefined
 from markupsafe import Markup
 
-from grading.results.record import CLASS_FILE, class_from_json, class_to_json, graded_folders, left_out, points
+from grading.results.record import add_others, left_out, points, read_class, write_whole
 
 from . import classstats, plots, tracebacks
 from .badges import badge_style
@@ -44,14 +42,7 @@ def make_env() -> Environment:
 
 def _write(path: Path, text: str, written: list):
     """Whole or not at all: a page open in a browser during a rebuild is never half written."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
-    try:
-        tmp.write_text(text, encoding="utf-8", newline="\n")
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    write_whole(path, text)
     written.append(path)
 
 
@@ -177,9 +168,7 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
     view only changes the per-submission pages.
     """
     reports_dir = Path(reports_dir)
-    known = _read_class(reports_dir)
-    if keep_others:
-        known = _keep_others(reports_dir, known)
+    known = add_others(reports_dir) if keep_others else read_class(reports_dir)
     members = set(known["submissions"]) if known else None
     env = make_env()
     written = []
@@ -207,23 +196,6 @@ def build_reports(reports_dir: Path, student_view: bool = False, keep_others: bo
     for line in warnings if warn else ():
         print(f"build-reports: warning: {line}", file=sys.stderr)
     return written
-
-
-def _read_class(reports_dir: Path) -> dict | None:
-    try:
-        data = json.loads((reports_dir / CLASS_FILE).read_text())
-    except (OSError, ValueError):  # no run wrote it, or it is unreadable: the class is every submission
-        data = None
-    return class_from_json(data)
-
-
-def _keep_others(reports_dir: Path, known: dict | None) -> dict:
-    """Make every submission graded into the folder part of its class, in class.json too, so a later
-    build without --keep-others lists them as well."""
-    names = set(known["submissions"] if known else []) | set(graded_folders(reports_dir))
-    data = class_to_json(names, known["skipped"] if known else [])
-    _write(reports_dir / CLASS_FILE, json.dumps(data, indent=1), [])
-    return data
 
 
 def _csp_hash(script: str) -> str:

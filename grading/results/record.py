@@ -23,7 +23,9 @@ Invariants:
   format (Gradescope's entries, the record in `extra_data`) is not read: regrade it.
 """
 import json
+import os
 import re
+import threading
 from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import get_args
@@ -262,10 +264,24 @@ def as_text(value):
     return "" if value is None else str(value)
 
 
+def write_whole(path, text: str) -> None:
+    """Write `text` whole: to a temporary file of this process and thread, then os.replace, so a
+    reader (another process, a browser) never sees half of it."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
+        tmp.write_text(text, encoding="utf-8", newline="\n")
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+
+
 # -- the class file, reports/class.json: the submissions the class page, grades.csv and
-# gradescope_scores.csv list. The engine writes it (grading/results/store.py write_class) and so
-# does `build-reports --keep-others`; both read it. Its shape is here, with the records', because
-# the pages import nothing else of the engine.
+# gradescope_scores.csv list. The engine writes it at the end of a run (grading/controller.py,
+# grading/slurm.py) and so does `build-reports --keep-others`; both read it. It is read and
+# written here, with the records, because the pages import nothing else of the engine.
 CLASS_FILE = "class.json"
 
 
@@ -280,6 +296,31 @@ def class_from_json(data) -> dict | None:
         return None
     skipped = data.get("skipped") if isinstance(data.get("skipped"), list) else []
     return {"submissions": [str(n) for n in data["submissions"]], "skipped": [str(p) for p in skipped]}
+
+
+def read_class(reports) -> dict | None:
+    """{"submissions": [names], "skipped": [paths]} of `reports`, or None where no run wrote it (a
+    folder of an older grader: then every submission in it is the class)."""
+    try:
+        data = json.loads((Path(reports) / CLASS_FILE).read_text())
+    except (OSError, ValueError):  # an unreadable one says no more than a missing one
+        data = None
+    return class_from_json(data)
+
+
+def write_class(reports, names, skipped=(), keep_others: bool = False) -> dict:
+    """Make `names` the class of `reports` (with keep_others, every submission graded into it as well);
+    `skipped`: the folders a glob matched that hold no adapters file, as the run names them."""
+    data = class_to_json(set(names) | set(graded_folders(reports) if keep_others else ()), skipped)
+    write_whole(Path(reports) / CLASS_FILE, json.dumps(data, indent=1))
+    return data
+
+
+def add_others(reports) -> dict:
+    """Make every submission graded into `reports` part of its class, in class.json too, so that a
+    later build without --keep-others lists them as well; the skipped folders stay the last run's."""
+    known = read_class(reports) or class_to_json([], [])
+    return write_class(reports, known["submissions"], known["skipped"], keep_others=True)
 
 
 def graded_folders(reports) -> list:

@@ -12,7 +12,7 @@ temporary file that then replaces it, so a reader never sees half of one):
   .seed                      the controller that first grades into the folder (secret_seed): the
                              base seed of every input, unless --seed gives one; readable by the
                              grader's user only, never by a runner.
-  class.json                 the controller at session end (write_class), `fa2-grade slurm-finish`
+  class.json                 the controller at session end (record.write_class), `fa2-grade slurm-finish`
                              and `build-reports --keep-others`: the class, the submissions the class
                              page, grades.csv and gradescope_scores.csv list (the run's, and with
                              --keep-others every other one already graded into the folder), and the
@@ -44,7 +44,7 @@ temporary file that then replaces it, so a reader never sees half of one):
                              the controller at session end (reporting.build_reports), or
                              `python -m reporting` run by hand, never both at once; written
                              whole too (reporting/build.py _write).
-  .<file>.<pid>.<thread>.tmp the writer of the file it replaces, for an instant (write_json).
+  .<file>.<pid>.<thread>.tmp the writer of the file it replaces, for an instant (record.write_whole).
   screenshots/               tests/self/reporting/test_report_browser.py, for a person to look at; no
                              grading run reads or writes it.
 
@@ -60,13 +60,11 @@ import math
 import os
 import re
 import secrets
-import threading
 import time
 from dataclasses import replace
 from pathlib import Path
 
-# The class file's shape is the records' codec's, which the pages read it with.
-from grading.results.record import CLASS_FILE, CheckRecord, class_from_json, class_to_json, graded_folders
+from grading.results.record import CheckRecord, write_whole
 
 
 def check_path(reports: Path, submission: str, name: str) -> Path:
@@ -87,17 +85,8 @@ def plain_json(value):
 
 
 def write_json(path: Path, data) -> None:
-    """Write `data` whole, as strict JSON: to a temporary file of this process and thread, then
-    os.replace."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
-    try:
-        tmp.write_text(json.dumps(plain_json(data), indent=1, default=str, allow_nan=False))
-        os.replace(tmp, path)
-    finally:
-        if tmp.exists():
-            tmp.unlink()
+    """Write `data` whole (record.write_whole), as strict JSON."""
+    write_whole(path, json.dumps(plain_json(data), indent=1, default=str, allow_nan=False))
 
 
 def secret_seed(reports: Path) -> int:
@@ -119,20 +108,6 @@ def secret_seed(reports: Path) -> int:
     with os.fdopen(fd, "w") as out:
         out.write(f"{seed}\n")
     return seed
-
-
-def write_class(reports: Path, names: list, skipped: list = (), keep_others: bool = False) -> dict:
-    """Make `names` the class of `reports` (with keep_others, every submission graded into it as well);
-    `skipped`: the folders a glob matched that hold no adapters file, as the run names them."""
-    data = class_to_json(set(names) | set(graded_folders(reports) if keep_others else ()), skipped)
-    write_json(Path(reports) / CLASS_FILE, data)
-    return data
-
-
-def read_class(reports: Path) -> dict | None:
-    """{"submissions": [names], "skipped": [paths]} of `reports`, or None where no run wrote it (a
-    folder of an older grader: then every submission in it is the class)."""
-    return class_from_json(read_json(Path(reports) / CLASS_FILE))
 
 
 def read_json(path: Path, default=None):

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from grading.results.gradescope import status_of
-from grading.results.record import CheckRecord
+from grading.results.record import CheckRecord, read_class, write_class
 from reporting import build_reports, main, plots
 from reporting.classstats import case_families, check_families, family_rates
 from reporting.page_model import load_all
@@ -468,13 +468,11 @@ def test_isolation_is_said_in_words_never_silently(tmp_path):
 
 
 def test_the_class_is_what_class_json_lists_and_keep_others_adds_the_rest(tmp_path, capsys):
-    """A grading run writes DIR/class.json (grading/results/store.py write_class); the pages list
+    """A grading run writes DIR/class.json (grading/results/record.py write_class); the pages list
     its submissions only, name the others as left out, and `build-reports --keep-others` lists them
     all without grading. A folder without class.json (an older grader's) is every submission."""
-    from grading.results import store
-
     reports = copy_fixtures(tmp_path / "reports")
-    store.write_class(reports, ["alice", "bob"], skipped=["class/handouts"])
+    write_class(reports, ["alice", "bob"], skipped=["class/handouts"])
     build_reports(reports)
     html = (reports / "index.html").read_text()
     assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == ["alice", "bob"]
@@ -487,4 +485,4 @@ def test_the_class_is_what_class_json_lists_and_keep_others_adds_the_rest(tmp_pa
     assert "5 submission pages" in capsys.readouterr().out
     html = (reports / "index.html").read_text()
     assert [a["data-name"] for a, _ in table_rows(html, "class-table")] == NAMES and 'id="left-out"' not in html
-    assert store.read_class(reports) == {"submissions": NAMES, "skipped": ["class/handouts"]}
+    assert read_class(reports) == {"submissions": NAMES, "skipped": ["class/handouts"]}
