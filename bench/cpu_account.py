@@ -32,6 +32,7 @@ from bench.utilization import (
     RUNNER,
     ProcessLedger,  # noqa: F401 (what account() reads; tests build one from here)
 )
+from fa2_sandbox.harness.kernel_cache import SHARED_KERNELS
 from fa2_sandbox.runner import cpu_profile
 
 COMPILE_ROLES = (COMPILE_WORKERS, COMPILERS)
@@ -129,10 +130,11 @@ def account(ledger: ProcessLedger, cpu_log: Path, timeline: Path, busy_core_s: f
 
 def compile_caches(profiles: dict) -> dict:
     """submission -> torch.compile's cache hits and misses summed over its runners (each runner's
-    last totals, cpu_profile.CACHE_COUNTERS); a submission whose runners never imported it has none."""
+    last totals, cpu_profile.CACHE_COUNTERS), and the Triton kernels they took from each other
+    (SHARED_KERNELS); a submission whose runners had none of these has no entry."""
     caches = defaultdict(lambda: defaultdict(int))
     for submission, totals in profiles.values():
-        for _, key in cpu_profile.CACHE_COUNTERS:
+        for key in (*(key for _, key in cpu_profile.CACHE_COUNTERS), SHARED_KERNELS):
             if key in totals:
                 caches[submission][key] += int(totals[key])
     return {name: dict(counts) for name, counts in caches.items() if any(counts.values())}
@@ -186,6 +188,11 @@ def print_account(name: str, report: dict) -> None:
               f"{(report['accounted_core_s'] - outside) / busy:.1%}")
     print(f"{name}: per submission on average {total / max(1, len(subs)):.0f} core-s")
     cached = {sub.split("__")[0]: row["compile_cache"] for sub, row in subs.items() if row.get("compile_cache")}
+    shared = {sub: c[SHARED_KERNELS] for sub, c in cached.items() if c.get(SHARED_KERNELS)}
+    if shared:
+        print(f"{name}: Triton kernels a runner took from the submission's other runners between two calls "
+              "(compiled there while it ran): " + ", ".join(f"{sub} {n}" for sub, n in shared.items()))
+    cached = {sub: c for sub, c in cached.items() if any(c.get(key) for _, key in cpu_profile.CACHE_COUNTERS)}
     if cached:
         print(f"{name}: torch.compile's caches, hits/misses over each submission's runners (FX graph; AOTAutograd): "
               + ", ".join(f"{sub} {c.get('fxgraph_cache_hit', 0)}/{c.get('fxgraph_cache_miss', 0)}; "

@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fa2_sandbox.harness import confinement, forked
+from fa2_sandbox.harness import confinement, forked, kernel_cache
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
@@ -439,6 +439,7 @@ class SubmissionRunner:
                 return Reply(outcomes.IMPORT_ERROR, ready["import_error"], traceback=ready.get("traceback", ""))
         if until is not None:  # what a wait for the GPU left of it
             timeout = round(max(0.0, min(timeout, until - time.monotonic())), 1)
+        self.scratch_folder.share_kernels()
         self.calls += 1
         tag = f"call{self.calls}-{secrets.token_hex(4)}"  # unguessable: forged replies cannot match it
         try:
@@ -452,6 +453,7 @@ class SubmissionRunner:
                     self._timed_out[family] = (size, message.message)
             return message
         reply = self._reply(message, tag, what)
+        self.scratch_folder.share_kernels()
         if reply.crashed or message.get("restart"):
             self.stop()  # out of memory, a poisoned CUDA context, a forged reply: start afresh
         return reply
@@ -465,6 +467,7 @@ class SubmissionRunner:
         line = {"pid": self.process.pid, "submission": self.submission.name, "at": time.time(),
                 "worker": os.environ.get("PYTEST_XDIST_WORKER"), "worker_pid": os.getpid(),
                 "cpu": {str(k): float(v) for k, v in cpu.items() if isinstance(v, (int, float))}}
+        line["cpu"][kernel_cache.SHARED_KERNELS] = self.scratch_folder.kernels_from_others
         with open(CPU_LOG, "a") as f:
             f.write(json.dumps(line) + "\n")
 

@@ -37,6 +37,9 @@ from pathlib import Path
 
 MAX_FILE = 64 << 20
 MAX_TOTAL = 1 << 30
+# How many kernels a runner took from its submission's other runners while it ran (ScratchFolder.share_kernels):
+# a count in each line of bench/grade_speed.py's GRADER_CPU_LOG.
+SHARED_KERNELS = "kernels from its other runners"
 
 
 def cache_root() -> Path:
@@ -111,6 +114,16 @@ def _relocate_group(index: Path) -> None:
         index.unlink(missing_ok=True)
         return
     index.write_text(json.dumps({"child_paths": relocated}))
+
+
+def kernel_folders(folder: Path) -> set:
+    """The kernels a Triton cache holds: a folder each, named by Triton's hash of the kernel and its
+    specialization (an autotuning result has a folder of its own too)."""
+    try:
+        return {entry.name for entry in os.scandir(folder)
+                if not entry.name.startswith(".") and entry.is_dir(follow_symlinks=False)}
+    except OSError:
+        return set()
 
 
 def bring_in(kept: Path, cache: Path, uid: int | None) -> int:

@@ -102,6 +102,8 @@ class ScratchFolder:
             kernel_cache.bring_in(self.kept_compiled, self.triton_cache, uid)
             kernel_cache.bring_in(kept_kernels, self.triton_cache, uid)
             kernel_cache.bring_in(self.kept_inductor, self.inductor_cache, uid)
+        self.shared = kernel_cache.kernel_folders(self.triton_cache)  # kernels kept already, or brought in
+        self.kernels_from_others = 0  # kernels another runner of the submission compiled while this one ran
         self.trusted = self._copy_trusted()
         self.copy_notes = []  # links of the submission that were not copied
 
@@ -203,6 +205,26 @@ class ScratchFolder:
         env.setdefault("TORCHINDUCTOR_COMPILE_THREADS", "1")
         env.update(overrides)
         return env
+
+    def share_kernels(self) -> None:
+        """Between two calls: the kernels this runner compiled go where the submission's kernels are
+        kept, and those its other runners kept meanwhile come in. A submission's runners run side by
+        side, and some compile the same kernel (a Triton track's hygiene check calls the float32 twin
+        of its case, whose kernels the float32 track compiles; a shared track's parts compile what
+        the other parts do); what comes in only when a runner starts was compiled again by each of
+        them. The grader copies between the folders, so no runner reads another's, and a kernel's
+        index comes after its files, so one that is being kept comes whole or is compiled here."""
+        if self.kept_kernels is None:
+            return
+        here = kernel_cache.kernel_folders(self.triton_cache)
+        for key in sorted(here - self.shared):
+            kernel_cache.take_back(self.triton_cache / key, self.kept_compiled / key,
+                                   lambda relative: not kernel_cache.is_autotuning(relative))
+        arrived = kernel_cache.kernel_folders(self.kept_compiled) - here
+        for key in sorted(arrived):
+            if kernel_cache.bring_in(self.kept_compiled / key, self.triton_cache / key, self.uid):
+                self.kernels_from_others += 1
+        self.shared = here | arrived
 
     def remove(self) -> None:
         if self.kept_kernels is not None:

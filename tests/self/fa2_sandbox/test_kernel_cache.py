@@ -181,3 +181,31 @@ def test_a_kept_inductor_cache_is_hit_from_another_folder(tmp_path):
     out = subprocess.run([sys.executable, str(script), str(tmp_path)], env=env, capture_output=True, text=True,
                          check=True)
     assert [line.split() for line in out.stdout.splitlines()] == [["0", "1"], ["1", "0"]]
+
+
+def test_runners_side_by_side_share_kernels_between_calls(tmp_path, monkeypatch):
+    """A kernel one runner compiled reaches a runner of the same submission that is already running,
+    at its next call, with its index pointing into that runner's folder, and is counted once; its
+    autotuning result does not (it stays with the track that chose it)."""
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    submission = load_submission(REFERENCE)
+    fp32, bf16 = (ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, track))
+                  for track in ("triton-fp32-full", "triton-bf16-full"))
+    (fp32.triton_cache / "k1").mkdir()
+    (fp32.triton_cache / "k1" / "_attn_fwd.cubin").write_bytes(b"\x7fELF kernel")
+    (fp32.triton_cache / "k1" / "__grp___attn_fwd.json").write_text(
+        json.dumps({"child_paths": {"_attn_fwd.cubin": str(fp32.triton_cache / "k1" / "_attn_fwd.cubin")}}))
+    (fp32.triton_cache / "t1").mkdir()
+    (fp32.triton_cache / "t1" / "_attn_fwd.autotune.json").write_text('{"configs_timings": []}')
+    fp32.share_kernels()  # after fp32's call
+
+    bf16.share_kernels()  # before bf16's next call
+    assert (bf16.triton_cache / "k1" / "_attn_fwd.cubin").read_bytes() == b"\x7fELF kernel"
+    index = json.loads((bf16.triton_cache / "k1" / "__grp___attn_fwd.json").read_text())
+    assert index["child_paths"]["_attn_fwd.cubin"] == str(bf16.triton_cache / "k1" / "_attn_fwd.cubin")
+    assert not (bf16.triton_cache / "t1").exists()
+    assert bf16.kernels_from_others == 1
+    bf16.share_kernels()  # nothing new: nothing counted again, and k1 is not sent back
+    assert bf16.kernels_from_others == 1 and fp32.kernels_from_others == 0
+    fp32.remove()
+    bf16.remove()
