@@ -31,11 +31,12 @@ kinds. `startup` times the process starts every track pays, alone on the machine
 `corpus` grades the public course repos built into corpus/ (../shared/corpus: fetch each, then its
 build.sh), the class that is the yardstick for speed, with `--repos` for a part of it and `--also`
 for bundled examples beside it. Every run ends with its CPU account (bench/cpu_account.py): each
-submission's core-seconds split by phase (the runner's start and imports, compiling, the
-student's calls, the grader's op watch, waiting for the GPU, the runner's own work, what a call cut
-off by a timeout used, the distributed ranks, the runners' other children, the grader worker's
-oracles and judging), its wall span and its longest check, then what no submission owns, and the
-sum held against the busy core-seconds /proc/stat counted. `table RUN_A RUN_B` also sets the
+submission's core-seconds split by phase (the runner's start and imports, compiling, an autotuner
+timing its configs, the student's calls, the grader's op watch, waiting for the GPU, the runner's
+own work, what a call cut off by a timeout used, the distributed ranks, the runners' other
+children, the grader worker's oracles and judging), its wall span and its longest check, then what
+no submission owns, the sum held against the busy core-seconds /proc/stat counted, and the Triton
+kernels each submission's runners took from one another between calls. `table RUN_A RUN_B` also sets the
 accounts side by side, for the submissions both runs finished: a speed change's CPU, measured.
 """
 import argparse

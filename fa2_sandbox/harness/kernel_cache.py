@@ -5,9 +5,11 @@ A runner's Triton cache lives in its scratch folder and goes with it, so every r
 autotuned every kernel again, for every attention case of an autotuned kernel (notes/grading-speed.md).
 This keeps a copy under the grader's cache folder (GRADER_CACHE_DIR, else
 $XDG_CACHE_HOME/fa2-grader, else ~/.cache/fa2-grader), brought into the scratch folder when the
-runner's folder is made and taken back when it is removed: compiled kernels one copy per
-submission, shared by its tracks (the Triton memory and timing tracks compile the kernels of a
-bf16 causal track again, and a runner that starts after another has ended finds them), and with
+runner's folder is made, then between any two of its calls, and when it is removed
+(scratch.ScratchFolder.share_kernels): compiled kernels one copy per submission, shared by its
+tracks (the Triton memory and timing tracks compile the kernels of a bf16 causal track again, a
+hygiene check the kernels of its float32 twin, and runners of one submission run side by side,
+so a kernel one of them compiled reaches the others at their next call), and with
 TRITON_CACHE_AUTOTUNING=1 in the runner's environment autotuning results one copy per
 (submission, track). A compiled kernel is the same whichever runner compiled it; an autotuning
 result is not (a kernel whose key omits the length keeps the choice made at the first length it
