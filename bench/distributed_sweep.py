@@ -22,7 +22,6 @@ import argparse
 import fnmatch
 import itertools
 import sys
-import tempfile
 import time
 from pathlib import Path
 from types import SimpleNamespace
@@ -33,10 +32,11 @@ import yaml
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 from fa2_sandbox.wire import outcomes  # noqa: E402
+from grading import protocol  # noqa: E402
 from grading.check import Check  # noqa: E402
 from grading.checks import test_distributed, test_fsdp  # noqa: E402
 from grading.declaration import declared_for  # noqa: E402
-from grading.session import Grading, TrackSession  # noqa: E402
+from grading.session import TrackSession, WorkerState  # noqa: E402
 from grading.tracks import DISTRIBUTED  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -141,9 +141,9 @@ def main() -> int:
     parser.add_argument("-k", default="", help="only submissions whose name contains this")
     args = parser.parse_args()
     impl = args.impl or [str(ROOT / "submissions" / "reference"), str(ROOT / "submissions" / "examples" / "*")]
-    config = SimpleNamespace(getoption={"--rubric": None, "--reports": tempfile.mkdtemp(prefix="sweep-"),
-                                        "--seed": args.start, "--impl": impl}.get)
-    state = Grading(config)
+    config = SimpleNamespace(getoption={"--rubric": None, "--impl": impl}.get, stash={})
+    protocol.hand_over(config, {protocol.SEED: args.start})
+    state = WorkerState(config, protocol.settings(config))
     seeds = range(args.start, args.start + args.seeds)
     print(f"seeds {args.start}..{args.start + args.seeds - 1}", flush=True)
     wrong = 0

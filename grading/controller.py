@@ -1,5 +1,6 @@
 """The grading plugin of the controller: the process that owns reports/ (registered by
-grading/pytest_plugin.py wherever there is no `workerinput`; without xdist, beside the worker's).
+grading/pytest_plugin.py wherever there is no `workerinput`; without xdist, beside the worker's),
+and its state, ControllerState, which no process that runs checks holds.
 
 It schedules a class over the xdist workers (`--dist loadgroup`, each xdist group a track of a
 submission, grading/tracks.py: a track's checks stay on one worker, so its runner starts once, but
@@ -12,6 +13,7 @@ and prints where the time went. Only this process writes under reports/
 """
 import json
 import os
+import platform
 import shutil
 import tempfile
 import time
@@ -29,7 +31,7 @@ from grading.check import CheckIdentity, submission_of
 from grading.durations import Durations
 from grading.results import scoring, store
 from grading.results.record import CheckRecord, left_out, points, read_class, write_class
-from grading.session import GRADING, environment
+from grading.time_limit import SpentTime
 from reporting import build_reports
 
 CHECKS = Path(__file__).resolve().with_name("checks")
@@ -61,12 +63,52 @@ def joined_logs(logs: dict) -> str:
                      for track, tail in sorted(logs.items()))
 
 
+def environment(on_gpu: bool) -> dict:
+    try:
+        import triton
+        triton_version = triton.__version__
+    except Exception:
+        triton_version = None
+    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
+            "triton": triton_version, "triton_interpreter": not on_gpu, "python": platform.python_version()}
+
+
+class ControllerState:
+    """What the controller alone holds, registered only in its process (grading/pytest_plugin.py):
+    the class it grades, the reports folder and the seed drawn there, and under --time-limit the
+    folder of each submission's time, which it makes and removes. Its workers get what they need of
+    it through grading/protocol.py (for_workers)."""
+
+    def __init__(self, config, settings: protocol.Settings):
+        self.rubric, self.submissions, self.skipped = settings.rubric, settings.submissions, settings.skipped
+        self.reports = Path(config.getoption("--reports"))
+        # Each submission's check time under a limit, shared by the run's processes: made here, its
+        # workers are told where.
+        self.spent = SpentTime(tempfile.mkdtemp(prefix="fa2-spent-")) if settings.time_limit is not None else None
+        self.seed = config.getoption("--seed")
+        if self.seed is None:
+            self.seed = store.secret_seed(self.reports)
+        self.on_gpu = torch.cuda.is_available()
+
+    def for_workers(self) -> dict:
+        """What every process that runs checks is given: an xdist worker in its workerinput, the checks'
+        side of a run without workers through protocol.hand_over."""
+        given = {protocol.SEED: self.seed}
+        if self.spent is not None:
+            given[protocol.SPENT] = str(self.spent.folder)
+        return given
+
+
+# The controller's ControllerState, for its plugin.
+CONTROLLER_STATE = pytest.StashKey[ControllerState]()
+
+
 class ControllerPlugin:
     """Registered by grading/pytest_plugin.py under --impl in the controller."""
 
     def __init__(self, config):
         self.config = config
-        self.state = config.stash[GRADING]
+        self.state = config.stash[CONTROLLER_STATE]
         self.started = time.monotonic()
         self.pending = {}  # submission name -> checks not yet reported
         self.collected = {}  # submission name -> test ids a full run holds (from the workers' first reports)
@@ -112,11 +154,10 @@ class ControllerPlugin:
 
     @pytest.hookimpl(optionalhook=True)
     def pytest_configure_node(self, node):
-        """xdist: every worker draws its inputs from the controller's seed, and takes the sandbox's
-        isolation from one probe the controller runs while they start."""
-        node.workerinput[protocol.SEED] = self.state.seed
-        if self.state.spent is not None:  # each submission's time (--time-limit)
-            node.workerinput[protocol.SPENT] = str(self.state.spent.folder)
+        """xdist: every worker draws its inputs from the controller's seed (and, under --time-limit,
+        adds to its folder of each submission's time), and takes the sandbox's isolation from one
+        probe the controller runs while they start."""
+        node.workerinput.update(self.state.for_workers())
         if self.probe is None:
             path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
             limit = runner_memory_limit(node.workerinput["workercount"])  # what each worker's runners get
@@ -135,7 +176,7 @@ class ControllerPlugin:
             return None
         from grading.scheduler import GradingScheduling  # xdist's: imported only where xdist runs
 
-        pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as Grading.worker_gpu
+        pinned = self.state.on_gpu and "CUDA_VISIBLE_DEVICES" not in os.environ  # as WorkerState.worker_gpu
         self.scheduler = GradingScheduling(config, log, gpus=torch.cuda.device_count() if pinned else 1,
                                            on_steal=lambda steal: self.say(steal.line()), identities=self.identities,
                                            on_promote=self.say, flash_timeout_s=self.state.rubric.timeout("flash"))

@@ -7,13 +7,13 @@ the worker's plugin (grading/worker.py pytest_generate_tests)."""
 import pytest
 
 from grading.check import TEST_STATE, Check
-from grading.session import GRADING, TrackSession
+from grading.session import WORKER_STATE, TrackSession
 
 
 @pytest.fixture
 def session(request):
-    """The process's grading session, its runner calls going to this test's track."""
-    return TrackSession(request.config.stash[GRADING], request.node.stash[TEST_STATE].identity.track)
+    """The process's WorkerState, its runner calls going to this test's track."""
+    return TrackSession(request.config.stash[WORKER_STATE], request.node.stash[TEST_STATE].identity.track)
 
 
 @pytest.fixture

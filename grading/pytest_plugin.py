@@ -5,7 +5,8 @@ entry point before pytest reads its arguments, so `pytest --impl /any/absolute/p
 option and not as a test path. It is the only place options are added. Its shape is
 pytest-xdist's: options and configure here, the hooks in a class per role (grading/controller.py
 ControllerPlugin, grading/worker.py WorkerPlugin) and the checks' fixtures (grading/fixtures.py),
-registered only when there is something to grade, the session's state in `config.stash`.
+registered only when there is something to grade, each role's state in `config.stash` of the
+process that has the role (controller.py ControllerState, session.py WorkerState).
 
 The checks (grading/checks) are part of the installed package: a grading run given no test path
 collects them from wherever the package is, whatever folder pytest runs in.
@@ -71,27 +72,43 @@ def pytest_addoption(parser):
                          "earning nothing); a requirement or timing check is never cut (default: none)")
 
 
-@pytest.hookimpl(trylast=True)  # after xdist's, which registers its DSession where workers run the checks
+@pytest.hookimpl(trylast=True)
 def pytest_configure(config):
-    """Under --impl, one plugin per role, as junitxml and xdist register theirs: the controller's
-    wherever there is no `workerinput`, the worker's (and the checks' fixtures) wherever the checks
-    run, an xdist worker or a run without workers (both, then, in one process)."""
+    """Under --impl, one plugin and one state per role, as junitxml and xdist register theirs: the
+    controller's wherever there is no `workerinput`, the worker's (and the checks' fixtures)
+    wherever the checks run, an xdist worker or a run without workers (both, then, in one process,
+    the controller handing the worker's side what a worker would be given: grading/protocol.py)."""
     # The checks modules' declaration (registered in every run: --strict-markers refuses an unknown one).
     config.addinivalue_line("markers", declaration.HELP)
     if not config.getoption("--impl"):
         return
     # Imported here, not at the top: the engine (torch, the harness) is loaded only to grade.
-    from grading import fixtures
-    from grading.controller import ControllerPlugin
-    from grading.session import GRADING, Grading
+    from grading import fixtures, protocol
+    from grading.controller import CONTROLLER_STATE, ControllerPlugin, ControllerState
+    from grading.session import WORKER_STATE, WorkerState
     from grading.worker import WorkerPlugin
 
-    config.stash[GRADING] = Grading(config)
+    settings = protocol.settings(config)
+    runs_checks = runs_checks_here(config)
     if not hasattr(config, "workerinput"):
+        config.stash[CONTROLLER_STATE] = ControllerState(config, settings)
         config.pluginmanager.register(ControllerPlugin(config), "grading-controller")
-    if not config.pluginmanager.hasplugin("dsession"):
+        if runs_checks:
+            protocol.hand_over(config, config.stash[CONTROLLER_STATE].for_workers())
+    if runs_checks:
+        config.stash[WORKER_STATE] = WorkerState(config, settings)
         config.pluginmanager.register(WorkerPlugin(config), "grading-worker")
         config.pluginmanager.register(fixtures, "grading-fixtures")
+
+
+def runs_checks_here(config) -> bool:
+    """Whether this process runs the checks: an xdist worker, or a run that starts none. xdist's own
+    rule for starting workers (its pytest_configure, which registers its DSession where it does) is
+    read here, not that DSession: xdist's hook is trylast too, and runs after this plugin's."""
+    if hasattr(config, "workerinput"):
+        return True
+    starts_workers = config.getoption("dist", "no") != "no" and bool(config.getoption("tx", None))
+    return not starts_workers or bool(config.getoption("collectonly"))
 
 
 @pytest.hookimpl(tryfirst=True)

@@ -201,7 +201,7 @@ class GradingScheduling(LoadGroupScheduling):
         return next((key for key in self.workqueue if not self.is_timing(key[0])), first)
 
     def gpu_of(self, node) -> int:
-        """The GPU of a worker: session.Grading.worker_gpu pins workers round-robin by their number."""
+        """The GPU of a worker: session.WorkerState.worker_gpu pins workers round-robin by their number."""
         number = node.gateway.id.removeprefix("gw")
         return int(number) % self.gpus if number.isdigit() else 0
 

@@ -1,27 +1,24 @@
-"""The grading session's state in one process (the controller, or an xdist worker): the
-submissions, the rubric and seed, one runner per submission and track, the replies the checks share,
-the GPU this process grades on and its ledger. A test sees it as a TrackSession: the same state,
-its runner calls going to the runner of the test's track."""
+"""The state of the process that runs the checks (an xdist worker, or the one process of a run
+without workers), WorkerState: the submissions, the rubric and the seed as the controller gives
+them (grading/protocol.py), one runner per submission and track, the replies the checks share, the
+GPU this process grades on and its ledger. A test sees it as a TrackSession: the same state, its
+runner calls going to the runner of the test's track. The controller's own state (the reports
+folder, the seed it draws there) is grading/controller.py's ControllerState."""
 import json
 import os
-import platform
-import tempfile
 import threading
 from contextlib import contextmanager
 from functools import cached_property
-from pathlib import Path
 
 import pytest
 import torch
 
 from fa2_sandbox.harness import kernel_cache
 from fa2_sandbox.harness.client import SubmissionRunner
-from fa2_sandbox.harness.discover import NotASubmission, defined_functions, find_submissions, stub_functions
+from fa2_sandbox.harness.discover import defined_functions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
 from grading import protocol, time_limit, tracks
-from grading.results import store
-from grading.rubric import Rubric, RubricError
 from grading.time_limit import SpentTime
 from grading.tracks import Track
 
@@ -32,30 +29,15 @@ def warm_up_cuda(device: torch.device) -> None:
     (x @ x).sum().item()
 
 
-class Grading:
-    """Session state shared by the grading tests of one process (controller or worker)."""
+class WorkerState:
+    """What the grading tests of one process share, registered only where checks run (grading/
+    pytest_plugin.py): it writes nothing under the reports folder, which is the controller's."""
 
-    def __init__(self, config):
-        self.config = config
-        try:
-            self.rubric = Rubric(config.getoption("--rubric"))
-        except RubricError as exc:  # pytest prints it, without a traceback, and exits with status 4
-            raise pytest.UsageError(str(exc)) from None
-        # Before anything is written (the reports folder, its seed): a path that is no submission
-        # stops the run here, with exit status 4.
-        self.skipped = []  # folders a glob matched that hold no adapters file, left out
-        try:
-            self.submissions = find_submissions(config.getoption("--impl"), self.skipped)
-        except NotASubmission as exc:
-            raise pytest.UsageError(str(exc)) from None
-        self.reports = Path(config.getoption("--reports"))
-        self.time_limit = config.getoption("--time-limit")
-        # Each submission's check time under a limit, shared by the run's processes: the controller
-        # makes the folder, its workers are told where (controller.py pytest_configure_node).
-        self.spent = None
-        if self.time_limit is not None:
-            self.spent = SpentTime(protocol.given(config, protocol.SPENT) or tempfile.mkdtemp(prefix="fa2-spent-"))
-        self.seed = grading_seed(config, self.reports)
+    def __init__(self, config, settings: protocol.Settings):
+        self.rubric, self.submissions, self.time_limit = settings.rubric, settings.submissions, settings.time_limit
+        # Each submission's check time under a limit, in the folder the controller made for the run.
+        self.spent = SpentTime(protocol.given(config, protocol.SPENT)) if self.time_limit is not None else None
+        self.seed = protocol.given(config, protocol.SEED)
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.
@@ -113,8 +95,8 @@ class Grading:
     @cached_property
     def gpu_ledger(self):
         """The ledger of this worker's GPU (fa2_sandbox/harness/gpu_ledger.py), shared with the
-        workers and runners on it; None without a GPU. Made on first use: the controller never
-        needs it, and reading the device's size creates a CUDA context."""
+        workers and runners on it; None without a GPU. Made on first use, by the first runner or
+        oracle: reading the device's size creates a CUDA context."""
         if not self.on_gpu:
             return None
         gpu = self.worker_gpu() or 0
@@ -236,11 +218,11 @@ class Grading:
 
 
 class TrackSession:
-    """The grading session as one test sees it: the process's session (its seed, rubric, GPU and
-    the rest, read through), with the test's runner calls going to the runner of its track, which
+    """The grading session as one test sees it: the process's WorkerState (its seed, rubric, GPU
+    and the rest, read through), with the test's runner calls going to the runner of its track, which
     the worker's plugin gave the test at collection (grading/tracks.py)."""
 
-    def __init__(self, session: Grading, track: Track):
+    def __init__(self, session: WorkerState, track: Track):
         self._session = session
         self.track = track
 
@@ -267,25 +249,5 @@ def usable_cores() -> int:
         return os.cpu_count() or 1
 
 
-def grading_seed(config, reports: Path) -> int:
-    """--seed when given; in an xdist worker, the controller's (pytest_configure_node); else the
-    reports folder's secret seed."""
-    if (seed := config.getoption("--seed")) is not None:
-        return seed
-    if (seed := protocol.given(config, protocol.SEED)) is not None:
-        return seed
-    return store.secret_seed(reports)
-
-
-def environment(on_gpu: bool) -> dict:
-    try:
-        import triton
-        triton_version = triton.__version__
-    except Exception:
-        triton_version = None
-    return {"device": torch.cuda.get_device_name() if on_gpu else "cpu", "torch": torch.__version__,
-            "triton": triton_version, "triton_interpreter": not on_gpu, "python": platform.python_version()}
-
-
-# The process's grading session, for the fixtures (grading/fixtures.py) and the plugins.
-GRADING = pytest.StashKey[Grading]()
+# Where checks run, the process's WorkerState, for the fixtures (grading/fixtures.py) and the worker's plugin.
+WORKER_STATE = pytest.StashKey[WorkerState]()

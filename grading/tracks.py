@@ -175,7 +175,7 @@ def tracks_together(items: list, track_of_item) -> None:
 
     xdist hands out whole tracks, but without it (-n 0) tests run in this list's order, which
     pytest's own reordering leaves interleaved across submissions; and a process closes a track's
-    runner when the next track's check comes (session.Grading._switch_to). A submission's runner
+    runner when the next track's check comes (session.WorkerState._switch_to). A submission's runner
     then restarted between two of its checks: a cost, and a verdict that depended on -n (a
     replaying submission's cache was lost, so a check it failed under -n 2 passed under -n 0)."""
     keys = [track_of_item(item) or ("no track", index) for index, item in enumerate(items)]

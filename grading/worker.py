@@ -27,7 +27,7 @@ from grading import protocol, tracks
 from grading.check import TEST_STATE, TestState, identify, submission_of
 from grading.declaration import declared_check
 from grading.results.record import GRADER_ERROR, NOT_GRADED_HERE, CheckRecord, grader_error_diagnosis
-from grading.session import GRADING
+from grading.session import WORKER_STATE
 
 # The grader's own code, as a traceback names it: a checkout's folders or the installed packages.
 OWN_PACKAGES = [str(PROJECT_ROOT / name) + os.sep for name in GRADER_PACKAGES if name != "submissions"]
@@ -87,7 +87,7 @@ class WorkerPlugin:
 
     def __init__(self, config):
         self.config = config
-        self.state = config.stash[GRADING]
+        self.state = config.stash[WORKER_STATE]
         # Test ids collected per submission, before -k / --deselect, and the modules collected
         # whole: what a complete result needs, and which old records are stale (see
         # store.current_records). Sent to the controller with the first report.

@@ -34,9 +34,9 @@ def track(params: dict, per_kernel: bool) -> Track:
 
 def reference_runner(session) -> SubmissionRunner:
     """The runner of the reference solution, timed next to the student's, with the environment
-    the grading plugin gives the student's runner (Grading.worker_env): the same GPU, so the
+    the grading plugin gives the student's runner (WorkerState.worker_env): the same GPU, so the
     ratio compares two kernels on one device, and the same thread budget. One per worker, kept
-    from one timing check to the next (Grading.keep): the reference is the grader's own code, so
+    from one timing check to the next (WorkerState.keep): the reference is the grader's own code, so
     no student's state can reach it, and a start of its own for each of a class's timing checks
     cost a runner start and its kernels' compiling every time."""
     def start():

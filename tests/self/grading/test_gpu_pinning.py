@@ -1,4 +1,4 @@
-"""Workers on a host of several GPUs (grading/session.py Grading.worker_gpu): round-robin,
+"""Workers on a host of several GPUs (grading/session.py WorkerState.worker_gpu): round-robin,
 the same GPU for a worker's own CUDA work and for its runners, none where the user chose. And
 the cores they share: those the process may run on, not all the machine's."""
 import os
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from grading.session import Grading, usable_cores
+from grading.session import WorkerState, usable_cores
 
 
 def pinned(monkeypatch, worker, gpus, on_gpu=True, visible=None):
@@ -18,8 +18,8 @@ def pinned(monkeypatch, worker, gpus, on_gpu=True, visible=None):
     else:
         monkeypatch.setenv("CUDA_VISIBLE_DEVICES", visible)
     grading = SimpleNamespace(on_gpu=on_gpu, threads=1)
-    grading.worker_gpu = lambda: Grading.worker_gpu(grading)
-    return Grading.worker_gpu(grading), Grading.worker_env(grading).get("CUDA_VISIBLE_DEVICES")
+    grading.worker_gpu = lambda: WorkerState.worker_gpu(grading)
+    return WorkerState.worker_gpu(grading), WorkerState.worker_env(grading).get("CUDA_VISIBLE_DEVICES")
 
 
 def test_workers_go_round_robin(monkeypatch):

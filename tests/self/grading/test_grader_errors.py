@@ -75,6 +75,17 @@ def pytest_configure(config):
         store.write_json = refuse
 '''
 
+# Each process holds its own role's state only: the controller's, or the worker's where checks run.
+ONE_STATE_EACH = '''
+def pytest_sessionstart(session):
+    from grading.controller import CONTROLLER_STATE
+    from grading.session import WORKER_STATE
+
+    worker, stash = hasattr(session.config, "workerinput"), session.config.stash
+    held = (CONTROLLER_STATE in stash, WORKER_STATE in stash)
+    assert held == (not worker, worker), f"worker {worker} holds (controller's, worker's) {held}"
+'''
+
 
 def grade(reports: Path, *args, impl="submissions/reference", plugin=None, env=None, timeout=600):
     command = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", f"--impl={impl}",
@@ -208,9 +219,11 @@ def test_a_test_named_by_id_regrades_it_and_keeps_the_others(broken_then_regrade
 
 
 def test_workers_never_write_reports_and_info_json_gets_their_facts(tmp_path):
-    """Under xdist the controller alone writes: the workers' runner facts reach info.json."""
+    """Under xdist the controller alone writes, and holds the controller's state alone: the workers'
+    runner facts reach info.json."""
     reports = tmp_path / "reports"
-    proc = grade(reports, "-n", "2", "-k", f"{PYTORCH_COURSE} and test_forward", plugin=NO_WORKER_WRITES)
+    proc = grade(reports, "-n", "2", "-k", f"{PYTORCH_COURSE} and test_forward",
+                 plugin=NO_WORKER_WRITES + ONE_STATE_EACH)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-2000:]
     info = json.loads((reports / "reference" / "info.json").read_text())
     assert info["seed"] is not None and info["environment"]

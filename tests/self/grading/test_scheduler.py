@@ -181,7 +181,7 @@ def test_at_most_timing_per_gpu_timing_tracks_in_progress_on_a_gpu():
     assert first == {"gw0": "s0/timing-triton", "gw1": "s0/pytorch", "gw2": "s1/timing-triton",
                      "gw3": "s1/pytorch", "gw4": "s2/timing-triton", "gw5": "s3/timing-triton"}
 
-    # On two GPUs (workers round-robin, as session.Grading.worker_gpu pins them) gw3's GPU has none yet.
+    # On two GPUs (workers round-robin, as session.WorkerState.worker_gpu pins them) gw3's GPU has none yet.
     scheduler, nodes, sent = start(collection, 6, gpus=2, timing_per_gpu=2)
     first = {worker: track for (worker, _), track in zip(sent, tracks_sent(scheduler, sent))}
     assert first["gw3"] == "s2/timing-triton" and first["gw4"] == "s1/pytorch"
