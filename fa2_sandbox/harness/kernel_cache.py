@@ -128,6 +128,11 @@ def kernel_folders(folder: Path) -> set:
         return set()
 
 
+def folder_bytes(folder: Path) -> int:
+    """What take_back would weigh of a folder: its plain files' sizes."""
+    return sum(size for _, size in _regular_files(folder))
+
+
 def bring_in(kept: Path, cache: Path, uid: int | None) -> int:
     """Copy the kept kernels into a runner's empty cache folder; the number of files."""
     count = 0

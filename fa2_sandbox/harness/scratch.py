@@ -104,6 +104,7 @@ class ScratchFolder:
             kernel_cache.bring_in(self.kept_inductor, self.inductor_cache, uid)
         self.shared = kernel_cache.kernel_folders(self.triton_cache)  # kernels kept already, or brought in
         self.kernels_from_others = 0  # kernels another runner of the submission compiled while this one ran
+        self.shared_bytes = 0  # what share_kernels kept of this runner's: at most MAX_TOTAL, as at its end
         self.trusted = self._copy_trusted()
         self.copy_notes = []  # links of the submission that were not copied
 
@@ -218,6 +219,10 @@ class ScratchFolder:
             return
         here = kernel_cache.kernel_folders(self.triton_cache)
         for key in sorted(here - self.shared):
+            size = kernel_cache.folder_bytes(self.triton_cache / key)
+            if self.shared_bytes + size > kernel_cache.MAX_TOTAL:
+                continue  # untrusted files: a runner fills the kept folder no more between calls than at its end
+            self.shared_bytes += size
             kernel_cache.take_back(self.triton_cache / key, self.kept_compiled / key,
                                    lambda relative: not kernel_cache.is_autotuning(relative))
         arrived = kernel_cache.kernel_folders(self.kept_compiled) - here

@@ -209,3 +209,19 @@ def test_runners_side_by_side_share_kernels_between_calls(tmp_path, monkeypatch)
     assert bf16.kernels_from_others == 1 and fp32.kernels_from_others == 0
     fp32.remove()
     bf16.remove()
+
+
+def test_what_runners_share_between_calls_is_bounded(tmp_path, monkeypatch):
+    """A runner's kernels go to the kept folder between calls only up to MAX_TOTAL bytes in all, as
+    at its end: its files are untrusted, and one call after another must not fill the grader's disk."""
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    monkeypatch.setattr(kernel_cache, "MAX_TOTAL", 100)
+    submission = load_submission(REFERENCE)
+    runner = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "triton"))
+    for key in ("k1", "k2", "k3"):
+        (runner.triton_cache / key).mkdir()
+        (runner.triton_cache / key / "_attn_fwd.cubin").write_bytes(b"x" * 40)
+        runner.share_kernels()
+    kept = kernel_cache.kernel_folders(kernel_cache.kept_cache(submission.root))
+    assert kept == {"k1", "k2"}
+    runner.remove()
