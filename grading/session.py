@@ -155,10 +155,7 @@ class WorkerState:
         spent = self.spent.of(check.record.submission)
         if spent < self.time_limit:
             return
-        check.fail(f"cut: this submission's time limit of {self.time_limit:g} s was spent (its checks had taken "
-                   f"{spent:.0f} s when this one's turn came). The limit cuts advice checks only, never a "
-                   f"requirement or a timing check; this one earns nothing, and no other group gains its points.",
-                   outcome=outcomes.TIMEOUT)
+        check.fail(time_limit.cut_diagnosis(self.time_limit, spent), outcome=outcomes.TIMEOUT)
 
     def fail_if_stub(self, check, submission, function: str):
         """Fail `check` as not attempted when `function` is the template's NotImplementedError stub

@@ -19,6 +19,8 @@ little on its neighbours, as a container's does on a shared host.
 import os
 from pathlib import Path
 
+from fa2_sandbox.wire import outcomes
+
 
 class SpentTime:
     def __init__(self, folder: Path):
@@ -40,6 +42,21 @@ class SpentTime:
             return sum(float(line) for line in self._file(submission).read_text().split())
         except FileNotFoundError:
             return 0.0
+
+
+CUT = "cut: "  # how a cut check's diagnosis begins
+
+
+def cut_diagnosis(limit: float, spent: float) -> str:
+    return (f"{CUT}this submission's time limit of {limit:g} s was spent (its checks had taken {spent:.0f} s when "
+            f"this one's turn came). The limit cuts advice checks only, never a requirement or a timing check; "
+            f"this one earns nothing, and no other group gains its points.")
+
+
+def is_cut(record) -> bool:
+    """Whether a check was cut here rather than run: its outcome reads as a timeout, but no call ran,
+    so its runner learnt nothing of the case's size (the scheduler's GradingScheduling.timed_out)."""
+    return record.outcome == outcomes.TIMEOUT and (record.diagnosis or "").startswith(CUT)
 
 
 def exempt(record) -> bool:

@@ -405,7 +405,9 @@ def test_no_steal_below_the_threshold_and_the_idle_worker_is_shut_down():
 
 
 def test_a_track_that_timed_out_shares_only_smaller_cases(tmp_path):
-    """The controller's plugin tells the scheduler the case of a check that timed out."""
+    """The controller's plugin tells the scheduler the case of a check that timed out; not of one
+    that --time-limit cut, which ran no call."""
+    from grading import time_limit
     from grading.controller import ControllerPlugin
     from grading.durations import Durations
     from grading.results.record import CheckRecord
@@ -413,10 +415,14 @@ def test_a_track_that_timed_out_shares_only_smaller_cases(tmp_path):
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     plugin = SimpleNamespace(collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
                              state=SimpleNamespace(reports=tmp_path), count_done=lambda name: None, clock={})
-    for outcome, track in (("passed", "pytorch"), ("timeout", SLOW)):
-        case = "bf16-113x203-d64-causal"
-        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome)
-        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, track, size=113 * 203 * 64), when="call",
+    cut = time_limit.cut_diagnosis(300, 301)
+    for outcome, track, case, diagnosis in (("passed", "pytorch", "bf16-113x203-d64-causal", ""),
+                                            ("timeout", SLOW, "bf16-17x17-d64-causal", cut),
+                                            ("timeout", SLOW, "bf16-113x203-d64-causal", "timed out after 300 s")):
+        size = 113 * 203 * 64 if "113" in case else 17 * 17 * 64
+        record = CheckRecord(submission="alice", part="flash_triton", check="forward", case=case, outcome=outcome,
+                             diagnosis=diagnosis)
+        report = SimpleNamespace(nodeid=nodeid_of("test_forward", case, track, size=size), when="call",
                                  duration=1.0, start=1.0, stop=2.0,
                                  user_properties=[(protocol.SUBMISSION, "alice"), (protocol.CHECK, record.to_json())])
         ControllerPlugin.pytest_runtest_logreport(plugin, report)
