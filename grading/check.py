@@ -137,6 +137,7 @@ class CheckIdentity:
     track: Track
     case: str  # its parameters but the submission, "pytorch-robustness-fp32-17x17-d64-full" ("" for none)
     case_size: int | None = None  # its flash case's FlashCase.work, as the runner's timeouts compare them
+    kernel: str = ""  # its flash case's FlashCase.kernel ("" for none): what a Triton slot compiles for it
 
     @property
     def shared_call(self) -> str:
@@ -152,7 +153,7 @@ class CheckIdentity:
 
     def to_json(self) -> dict:
         return {"check_id": self.check_id, "submission": self.submission, "track": self.track.name,
-                "case": self.case, "case_size": self.case_size}
+                "case": self.case, "case_size": self.case_size, "kernel": self.kernel}
 
     @classmethod
     def from_json(cls, data: dict) -> "CheckIdentity":
@@ -165,7 +166,7 @@ def identify(item, track: Track) -> CheckIdentity:
     cases = [value for value in params.values() if isinstance(value, FlashCase)]
     return CheckIdentity(check_id=check_id(item), submission=submission_of(item), track=track,
                          case="-".join(str(getattr(value, "id", value)) for value in params.values()),
-                         case_size=cases[0].work if cases else None)
+                         case_size=cases[0].work if cases else None, kernel=cases[0].kernel if cases else "")
 
 
 @dataclass

@@ -291,6 +291,8 @@ class ControllerPlugin:
         # tracks from being shared at the class's end (notes/grading-speed.md, "cut checks").
         if record.outcome == outcomes.TIMEOUT and not time_limit.is_cut(record) and self.scheduler is not None:
             self.scheduler.timed_out(report.nodeid)
+        if record.outcome in (outcomes.PASSED, outcomes.FAILED) and self.scheduler is not None:
+            self.scheduler.answered(report.nodeid, report.duration)
         store.write_check(self.state.reports, record)
         self.count_done(record.submission)
 

@@ -24,6 +24,11 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
   a torch.compile'd PyTorch slot takes a minute at its first case on the CPU in half the class, and
   every Triton track first, tried, made every submission compile at once and ended the class later
   ("Triton first"). A promoted track is not split earlier: split parts compile again.
+- Promoted, the tracks of a slow submission still ran their kernels' compiles one after another, and
+  waited out a timeout on their first 1024-long case only after all the smaller ones. Its tracks are
+  now split (_split_slow): its cases from the handout's size on into a part of their own, and, once
+  a case of that size answered in time, its kernels into a part each, which idle workers compile
+  side by side.
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -38,6 +43,7 @@ from typing import NamedTuple
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 
+from grading.matrix import flash_cases
 from grading.tracks import KINDS
 
 TIMING_PER_GPU = 3  # timing tracks in progress at once on one GPU
@@ -49,6 +55,8 @@ RUNNING = 2  # the tests at the head of a worker's queue: the one it runs and th
 # 1024-long cases, each waiting out the flash timeout, were stolen while its first one still ran, and
 # every thief timed out again, past the class's end (notes/grading-speed.md, "the tail, check by check").
 LIKELY_TIMEOUT = 2 / 3
+# The handout's smallest case on a GPU (grading/matrix.py): the sizes at which a slow class's calls time out.
+LARGE = min(case.work for tier, case in flash_cases("triton", on_gpu=True) if tier == "handout")
 PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow: well past
 # what a correct kernel's memory check at 16384 takes, compiling included, in a class on one GPU
 
@@ -66,11 +74,13 @@ class Steal(NamedTuple):
 
 
 class Request(NamedTuple):
-    """The steal in flight: the victim answers with the tests it removed from its queue."""
+    """A steal in flight: the victim answers with the tests it removed from its queue. With no
+    thief it is a split: the tests go to the head of the queue, a part per kernel."""
     victim: object
-    thief: object
+    thief: object | None
     key: tuple
     seconds: float
+    groups: list = []  # a split's: the tests of each part
 
 
 class GradingScheduling(LoadGroupScheduling):
@@ -91,7 +101,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.smaller_than = {}  # track -> only cases smaller than this may be shared (timed_out)
         self.completed = {}  # track -> [seconds, count] of its completed tests
         self.parts = Counter()  # track -> parts made by steals
-        self.request = None  # the steal in flight, a Request
+        self.requests = {}  # victim -> the Request in flight to it: one steal by a thief at most, any splits
         self.steals = []  # Steal, one per steal that moved tests
         self.on_steal = on_steal  # called with each Steal as it happens (the plugin prints it)
         self.position = {}  # nodeid -> its index in the collection (every worker's, checked identical)
@@ -106,7 +116,8 @@ class GradingScheduling(LoadGroupScheduling):
         self.likely_timeout_s = LIKELY_TIMEOUT * flash_timeout_s if flash_timeout_s else float("inf")
         self.in_flight = {}  # nodeid -> when a worker began it (the controller's pytest_runtest_logstart)
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
-        self.promotions = []  # the line of each move, saying why
+        self.promotions = []  # the line of each move or split, saying why
+        self.proven = {}  # submission -> the largest case its Triton slot answered in time (answered)
 
     def shared_call(self, nodeid: str) -> str:
         """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
@@ -149,7 +160,7 @@ class GradingScheduling(LoadGroupScheduling):
 
     @property
     def tests_finished(self) -> bool:
-        return super().tests_finished and self.request is None
+        return super().tests_finished and not self.requests
 
     # -- handing out tracks ------------------------------------------------------------------
     def schedule(self) -> None:
@@ -219,11 +230,13 @@ class GradingScheduling(LoadGroupScheduling):
         seconds[1] += 1
         self.in_flight.pop(nodeid, None)
         self._promote_slow()
+        identity = self.identities.get(nodeid)
+        if identity is not None and identity.submission in self.slow:
+            self._split_slow(identity.submission)
         self._reschedule(node)
 
     def remove_node(self, node):
-        if self.request is not None and self.request.victim is node:  # a dead worker answers nothing
-            self.request = None
+        self.requests.pop(node, None)  # a dead worker answers nothing
         for unit in self.assigned_work.get(node, {}).values():  # its running test runs no longer
             for nodeid in unit:
                 self.in_flight.pop(nodeid, None)
@@ -246,19 +259,117 @@ class GradingScheduling(LoadGroupScheduling):
             self.slow.add(identity.submission)
             moved = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, identity.submission)]
             if not moved:  # all of them handed out already
+                self._split_slow(identity.submission)
                 continue
             for key in reversed(moved):
                 self.workqueue.move_to_end(key, last=False)
             line = (f"{identity.submission}: {len(moved)} Triton track(s) moved to the head of the queue, since "
                     f"{nodeid.split('::')[-1].split('@')[0]} had run {now - began:.0f} s")
-            self.promotions.append(line)
-            self.log(line)
-            if self.on_promote is not None:
-                self.on_promote(line)
+            self._say(line)
+            self._split_slow(identity.submission)
+
+    def _say(self, line: str) -> None:
+        self.promotions.append(line)
+        self.log(line)
+        if self.on_promote is not None:
+            self.on_promote(line)
 
     def _is_triton_of(self, unit: dict, submission: str) -> bool:
         identity = self.identities.get(next(iter(unit), None))
         return identity is not None and identity.submission == submission and identity.track.kind is KINDS["triton"]
+
+    # -- splitting a slow submission's Triton tracks by kernel -------------------------------
+    def kernel(self, nodeid: str) -> str:
+        identity = self.identities.get(nodeid)
+        return identity.kernel if identity is not None else ""
+
+    def answered(self, nodeid: str, seconds: float) -> None:
+        """A check's call answered, right or wrong (no timeout, no cut, no crash), in `seconds`: the
+        controller passes it on. A Triton case answered well inside the flash timeout shows that the
+        submission's cases up to its size end in time, so a slow submission's cases that large may
+        run in runners of their own without each waiting out a timeout (split_slow)."""
+        identity = self.identities.get(nodeid)
+        if identity is None or identity.track.kind is not KINDS["triton"] or not identity.case_size:
+            return
+        if seconds < self.likely_timeout_s and identity.submission_track not in self.smaller_than:
+            self.proven[identity.submission] = max(identity.case_size, self.proven.get(identity.submission, 0))
+
+    def _split_slow(self, submission: str) -> None:
+        """A slow submission's Triton tracks, split (_parts_of): a track compiles its kernels one after
+        another, and one whose every kernel compiled for a minute or two (large fp32 tiles autotuned
+        over several configs) ended a class minutes after the rest while workers sat idle; another
+        waited out a timeout on its first 1024-long case only after a minute or two of smaller ones
+        (notes/grading-speed.md, "a slow submission's tracks split"). A queued track keeps its first
+        kernel, its other parts go right after it; from a track a worker holds, the parts go to the
+        head of the queue (a steal with no thief)."""
+        proven = self.proven.get(submission, 0)
+        for key in [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, submission)]:
+            self._split_queued(key, proven)
+        for node, units in self.assigned_work.items():
+            if node in self.requests:
+                continue
+            queued = [(key, nodeid) for key, unit in units.items() for nodeid, done in unit.items() if not done]
+            queued = queued[RUNNING:]
+            for key in dict.fromkeys(key for key, _ in queued):
+                if not self._is_triton_of(units[key], submission):
+                    continue
+                if groups := self._parts_of(key[0], units[key], [nodeid for k, nodeid in queued if k == key], proven):
+                    self.requests[node] = Request(node, None, key, 0.0, groups)
+                    node.send_steal([self.position[nodeid] for group in groups for nodeid in group])
+                    break
+
+    def _parts_of(self, track: str, unit: dict, queued: list, proven: int) -> list:
+        """The groups of a unit's `queued` tests that may run in runners of their own (none of them
+        sharing a call with the unit's other tests, nor as large as a case of the track that timed out):
+        - those no larger than `proven`, the largest case the submission answered in time (answered),
+          one group per kernel that is not the unit's first nor one its other tests began;
+        - those larger, from the handout's size on (LARGE), as one group, smallest first, where
+          smaller ones come before them: one runner waits out their timeout once and fails the
+          larger ones at once, as the track's would, without first running all the smaller ones."""
+        others = [nodeid for nodeid in unit if nodeid not in set(queued)]
+        kernels = {self.kernel(nodeid) for nodeid in others} | {next(map(self.kernel, unit), "")}
+        calls = {self.shared_call(nodeid) for nodeid in others}
+        limit = self.share_limit(track)
+        free = [nodeid for nodeid in queued if self.kernel(nodeid) and self.shared_call(nodeid) not in calls
+                and (limit is None or (self.case_size(nodeid) or limit) < limit)]
+        groups = by_kernel([nodeid for nodeid in free if self.case_size(nodeid) <= proven
+                            and self.kernel(nodeid) not in kernels], self.kernel)
+        large = [nodeid for nodeid in free if proven < self.case_size(nodeid) and LARGE <= self.case_size(nodeid)]
+        first = min(large, key=queued.index, default=None)
+        before = queued[:queued.index(first)] if large else []
+        if any(nodeid not in large and self.shared_call(nodeid) not in calls for nodeid in before):
+            groups.append(sorted(large, key=self.case_size))  # stable: a case's checks stay in order
+        return groups
+
+    def _split_queued(self, key, proven: int) -> None:
+        unit = self.workqueue[key]
+        groups = self._parts_of(key[0], unit, list(unit), proven)
+        if not groups:
+            return
+        for nodeid in (nodeid for group in groups for nodeid in group):
+            del unit[nodeid]
+        parts = self._new_parts(key[0], groups)
+        order = [k for k in self.workqueue if k not in parts]
+        at = order.index(key) + 1
+        for k in [*order[:at], *parts, *order[at:]]:  # the parts right after the track
+            self.workqueue.move_to_end(k)
+        self._say(f"{key[0]}: split into {1 + len(parts)} parts: {self._describe(parts)}")
+
+    def _describe(self, parts: list) -> str:
+        kernels = {k: "+".join(dict.fromkeys(map(self.kernel, self.workqueue[k]))) for k in parts}
+        return ", ".join(f"{len(self.workqueue[k])} checks of {kernels[k]}" for k in parts)
+
+    def _new_parts(self, track: str, groups: list) -> list:
+        """A new unit of `track` for each group of tests, queued last: their keys."""
+        keys = []
+        for group in groups:
+            self.parts[track] += 1
+            keys.append((track, self.parts[track]))
+            self.workqueue[keys[-1]] = dict.fromkeys(group, False)
+        return keys
+
+    def _first(self, key) -> str:
+        return next(iter(self.workqueue[key]))
 
     # -- sharing a slow track ----------------------------------------------------------------
     def _share_the_rest(self) -> None:
@@ -266,7 +377,7 @@ class GradingScheduling(LoadGroupScheduling):
         worth it; with none, the idle workers that hold a test are shut down, so it runs."""
         idle = [node for node in self.nodes
                 if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
-        if not idle or self.request is not None:  # one steal at a time; the answer calls again
+        if not idle or self.requests:  # one steal at a time; the answer calls again
             return
         victim, key, tests, seconds = self._most_worth_stealing()
         if victim is None:
@@ -276,7 +387,7 @@ class GradingScheduling(LoadGroupScheduling):
             return
         # A worker that holds a test back first: a steal lets it run that one too.
         thief = max(idle, key=lambda node: self._pending_of(self.assigned_work[node]))
-        self.request = Request(victim, thief, key, seconds)
+        self.requests[victim] = Request(victim, thief, key, seconds)
         self.log(f"asking {victim.gateway.id} for {len(tests)} checks of {key[0]} for {thief.gateway.id} "
                  f"(about {seconds:.0f} s left)")
         victim.send_steal([self.position[nodeid] for nodeid in tests])
@@ -306,11 +417,20 @@ class GradingScheduling(LoadGroupScheduling):
     def remove_pending_tests_from_node(self, node, indices) -> None:
         """The victim's answer: the tests it removed from its queue, or none if some of those asked
         for had started (xdist/remote.py steal)."""
-        request, self.request = self.request, None
-        if request is None or request.victim is not node or node not in self.assigned_work:
+        request = self.requests.pop(node, None)
+        if request is None or node not in self.assigned_work:
             return  # the answer of a worker removed since
         nodeids = [self.registered_collections[node][index] for index in indices]
-        if nodeids:
+        if nodeids and request.thief is None:
+            unit = self.assigned_work[node][request.key]
+            for nodeid in nodeids:
+                del unit[nodeid]
+            parts = self._new_parts(request.key[0], request.groups)
+            for key in reversed(parts):
+                self.workqueue.move_to_end(key, last=False)
+            self._say(f"{request.key[0]}: from {node.gateway.id} to the head of the queue, {len(parts)} part(s): "
+                      f"{self._describe(parts)}")
+        elif nodeids:
             unit = self.assigned_work[node][request.key]
             for nodeid in nodeids:
                 del unit[nodeid]
@@ -339,6 +459,14 @@ class GradingScheduling(LoadGroupScheduling):
         idle = [node for node in self.nodes
                 if not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING]
         return chosen if chosen in idle else next(iter(idle), None)
+
+
+def by_kernel(nodeids: list, kernel) -> list:
+    """The tests grouped by `kernel(nodeid)`, each group and the groups in the order they come."""
+    groups = {}
+    for nodeid in nodeids:
+        groups.setdefault(kernel(nodeid), []).append(nodeid)
+    return list(groups.values())
 
 
 def later_half(unit: dict, queued: list, shared_call) -> list:

@@ -46,6 +46,16 @@ class FlashCase:
         return "-".join(parts)
 
     @property
+    def kernel(self) -> str:
+        """What a Triton kernel is compiled for: dtype, causal flag and head dim, which are its
+        constexprs in every course solution, and whether each length divides by 16, which Triton
+        specializes integer arguments on ("fp32-causal-d64-q16-k"). Two cases of one kernel share
+        a compile in one runner; two of different kernels may compile side by side in two."""
+        divides = lambda n: "16" if n % 16 == 0 else ""  # noqa: E731
+        return (f"{SHORT[self.dtype]}-{'causal' if self.is_causal else 'full'}-d{self.head_dim}"
+                f"-q{divides(self.n_queries)}-k{divides(self.n_keys)}")
+
+    @property
     def work(self) -> int:
         """batch x N_q x N_k x d: what one call's matmuls cost, up to a constant, for sizing cases."""
         size = self.n_queries * self.n_keys * self.head_dim

@@ -15,7 +15,7 @@ from types import SimpleNamespace
 from fa2_sandbox.wire.cases import FlashCase
 from grading import protocol
 from grading.check import CheckIdentity, identify
-from grading.scheduler import GradingScheduling, later_half, spread_timing
+from grading.scheduler import LARGE, GradingScheduling, later_half, spread_timing
 from grading.tracks import Track
 
 ROOT = Path(__file__).resolve().parents[3]
@@ -63,11 +63,12 @@ def fake_config(workers: int):
 IDENTITIES = {}
 
 
-def nodeid_of(test: str, case: str, track: str, submission: str = "alice", size: int | None = None) -> str:
+def nodeid_of(test: str, case: str, track: str, submission: str = "alice", size: int | None = None,
+              kernel: str = "") -> str:
     """A flash check's xdist id, its identity noted in IDENTITIES: it shares its call with the other
-    tests of its `case`, whose size is `size`."""
+    tests of its `case`, whose size is `size` and whose Triton kernel is `kernel`."""
     identity = CheckIdentity(check_id=f"grading.checks.test_flash::{test}[{submission}-{case}]",
-                             submission=submission, track=Track(track), case=case, case_size=size)
+                             submission=submission, track=Track(track), case=case, case_size=size, kernel=kernel)
     nodeid = f"{FLASH}::{test}[{submission}-{case}]@{identity.submission_track}"
     IDENTITIES[nodeid] = identity
     return nodeid
@@ -293,6 +294,67 @@ def test_only_the_triton_slot_running_long_moves_tracks():
     assert len(scheduler.promotions) == 1 and scheduler.slow == {"slow"}
 
 
+def kernel_cases(submission: str, kernels: list, sizes: list) -> list:
+    """Forward and backward of a case of each size for each kernel, of one Triton track, smallest first."""
+    cases = sorted((size, kernel) for kernel in kernels for size in sizes)
+    return [nodeid_of(test, f"{kernel}-{size}", "triton-fp32-full", submission, size=size, kernel=kernel)
+            for size, kernel in cases for test in ("test_forward", "test_backward")]
+
+
+def test_a_slow_submissions_large_cases_go_to_a_part_of_their_own():
+    """slow's memory check runs long: its Triton track moves up, and as no case of it has answered
+    yet, its cases from the handout's size on go to a part of their own, smallest first, so that
+    their runner begins its first one (which may wait out a timeout) without running the small
+    ones first. The small ones stay, in order."""
+    small, large = [1000, 2000, 4000], [LARGE, 2 * LARGE, 4 * LARGE]
+    collection = [nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "slow")]
+    collection += [t for k in range(4) for t in pairs("pytorch", 1, f"quick{k}")]
+    collection += kernel_cases("slow", ["k"], small + large)
+    scheduler, nodes, sent = start(collection, 2, promote_after_s=60.0)
+    run(scheduler, nodes, lambda nodeid: 120.0 if "memory" in nodeid else 30.0 if "slow" in nodeid else 20.0,
+        logstart=True)
+    ran_once(scheduler, nodes)
+    assert scheduler.promotions[1] == "slow/triton-fp32-full: split into 2 parts: 6 checks of k"
+    ran_by = {scheduler.collection[i]: node.gateway.id for node in nodes for i in node.ran}
+    sizes_on = {}
+    for nodeid in collection[9:]:
+        sizes_on.setdefault(ran_by[nodeid], []).append(scheduler.case_size(nodeid))
+    assert sorted(sizes_on.values()) == [[s for s in small for _ in "fb"], [s for s in large for _ in "fb"]]
+
+
+def test_a_slow_submissions_kernels_compile_side_by_side_once_a_case_answered():
+    """Once a case of the submission answered well inside the flash timeout, the queued checks of
+    the kernels its running track has not begun, no larger than that case, go to the head of the
+    queue, a part per kernel, and idle workers compile them side by side. A larger case stays."""
+    huge = nodeid_of("test_forward", "huge", "triton-fp32-full", "slow", size=9000, kernel="c")
+    collection = kernel_cases("slow", ["a", "b", "c"], [1000, 2000]) + [huge]
+    collection += [t for k in range(6) for t in pairs("pytorch", 1, f"quick{k}")]
+    scheduler, nodes, sent = start(collection, 3, promote_after_s=50.0, flash_timeout_s=300.0)
+    scheduler.answered(collection[0], 299.0)  # past two thirds of the timeout: proves nothing
+    scheduler.answered(nodeid_of("test_forward", "x", "pytorch", "slow", size=5000, kernel="a"), 1.0)  # not Triton
+    assert scheduler.proven == {}
+    scheduler.answered(nodeid_of("test_forward", "other", "triton-bf16-full", "slow", size=2000, kernel="z"), 5.0)
+    assert scheduler.proven == {"slow": 2000}
+    compiled = set()
+
+    def seconds(nodeid):  # a kernel's first case compiles it: 100 s; the quick tracks' checks 20 s
+        if "quick" in nodeid:
+            return 20.0
+        first = scheduler.kernel(nodeid) not in compiled
+        compiled.add(scheduler.kernel(nodeid))
+        return 100.0 if first else 10.0
+
+    run(scheduler, nodes, seconds, logstart=True)
+    ran_once(scheduler, nodes)
+    ran_by = {scheduler.collection[i]: node.gateway.id for node in nodes for i in node.ran}
+    workers = {kernel: {ran_by[n] for n in collection if scheduler.kernel(n) == kernel and "huge" not in n}
+               for kernel in "abc"}
+    assert all(len(w) == 1 for w in workers.values()) and len(set.union(*workers.values())) == 3
+    assert ran_by[huge] == ran_by[collection[0]]  # 9000 is larger than any case answered: it stays
+    assert scheduler.promotions == ["slow/triton-fp32-full: from gw0 to the head of the queue, 2 part(s): "
+                                    "4 checks of b, 4 checks of c"]
+
+
 def test_forward_and_backward_of_a_case_move_together():
     unit = dict.fromkeys(pairs(SLOW, 4), False)
     tests = list(unit)
@@ -451,9 +513,9 @@ def test_a_victim_that_dies_with_a_steal_in_flight():
     scheduler, nodes, sent = start(collection, 3)
     victim, quick, spare = nodes
     run(scheduler, nodes, seconds_of, stop=lambda: victim.asked)  # at 30 s, gw2 has run carol's forward
-    assert scheduler.request.thief is spare
+    assert scheduler.requests[victim].thief is spare
     assert scheduler.remove_node(victim) == collection[1]  # it died running its second check
-    assert scheduler.request is None
+    assert not scheduler.requests
     scheduler.remove_pending_tests_from_node(victim, victim.answer(victim.asked.pop()))
     assert not scheduler.steals
     run(scheduler, [quick, spare], seconds_of, now=30.0)
