@@ -97,6 +97,8 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
 # The memory checks' shape: at N = 1024 one batch-head's score matrix (1M elements) dwarfs
 # every tile and every O(N d) tensor (64K elements).
 MEMORY_CASE = FlashCase(batch=(2,), n_queries=1024, n_keys=1024, head_dim=64, is_causal=True)
+# The Triton slot's memory case on a GPU, where one N x N fp32 matrix is 1 GiB at N=16384.
+GPU_MEMORY_CASE = FlashCase(batch=(1,), n_queries=16384, n_keys=16384, head_dim=64, dtype="bfloat16", is_causal=True)
 
 # The cases whose calls watch every aten op (fa2_sandbox/wire/requests.py Flash.watch_ops): the
 # implementation check reads the course case's (library attention called) and the memory check

@@ -43,7 +43,7 @@ from typing import NamedTuple
 from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 
-from grading.matrix import flash_cases
+from grading.matrix import GPU_MEMORY_CASE, flash_cases
 from grading.tracks import KINDS
 
 TIMING_PER_GPU = 3  # timing tracks in progress at once on one GPU
@@ -289,10 +289,14 @@ class GradingScheduling(LoadGroupScheduling):
         submission's cases up to its size end in time, so a slow submission's cases that large may
         run in runners of their own without each waiting out a timeout (split_slow)."""
         identity = self.identities.get(nodeid)
-        if identity is None or identity.track.kind is not KINDS["triton"] or not identity.case_size:
+        if identity is None:
+            return
+        # The memory check's case is no parameter of it: the slot's own at N = 16384.
+        size = GPU_MEMORY_CASE.work if identity.track.kind is KINDS["memory-triton"] else identity.case_size
+        if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]) or not size:
             return
         if seconds < self.likely_timeout_s and identity.submission_track not in self.smaller_than:
-            self.proven[identity.submission] = max(identity.case_size, self.proven.get(identity.submission, 0))
+            self.proven[identity.submission] = max(size, self.proven.get(identity.submission, 0))
 
     def _split_slow(self, submission: str) -> None:
         """A slow submission's Triton tracks, split (_parts_of): a track compiles its kernels one after

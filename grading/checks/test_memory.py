@@ -15,16 +15,13 @@ import dataclasses
 import pytest
 
 from fa2_sandbox.wire import outcomes
-from fa2_sandbox.wire.cases import FlashCase
 from grading.checks.flash_checks import fail_unanswered, got_no_answer, run_case, traceback_of, what_failed
-from grading.matrix import MEMORY_CASE, flash_cases, slot_device
+from grading.matrix import GPU_MEMORY_CASE, MEMORY_CASE, flash_cases, slot_device
 from grading.tracks import Track
 
 # On a GPU one N x N fp32 matrix is 1 GiB at N=16384. The PyTorch slot is measured on the CPU,
 # where the official tests run it, with MEMORY_CASE.
-GPU_CASES = {
-    "triton": FlashCase(batch=(1,), n_queries=16384, n_keys=16384, head_dim=64, dtype="bfloat16", is_causal=True),
-}
+GPU_CASES = {"triton": GPU_MEMORY_CASE}
 
 
 def track(params: dict, per_kernel: bool) -> Track:

@@ -335,6 +335,9 @@ def test_a_slow_submissions_kernels_compile_side_by_side_once_a_case_answered():
     assert scheduler.proven == {}
     scheduler.answered(nodeid_of("test_forward", "other", "triton-bf16-full", "slow", size=2000, kernel="z"), 5.0)
     assert scheduler.proven == {"slow": 2000}
+    memory = nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "fast")
+    scheduler.answered(memory, 20.0)  # the slot's memory case at N = 16384 answered
+    assert scheduler.proven["fast"] == 16384 * 16384 * 64
     compiled = set()
 
     def seconds(nodeid):  # a kernel's first case compiles it: 100 s; the quick tracks' checks 20 s
