@@ -80,7 +80,7 @@ class Request(NamedTuple):
     thief: object | None
     key: tuple
     seconds: float
-    groups: list = []  # a split's: the tests of each part
+    groups: tuple = ()  # a split's: the tests of each part
 
 
 class GradingScheduling(LoadGroupScheduling):
@@ -287,7 +287,7 @@ class GradingScheduling(LoadGroupScheduling):
         """A check's call answered, right or wrong (no timeout, no cut, no crash), in `seconds`: the
         controller passes it on. A Triton case answered well inside the flash timeout shows that the
         submission's cases up to its size end in time, so a slow submission's cases that large may
-        run in runners of their own without each waiting out a timeout (split_slow)."""
+        run in runners of their own without each waiting out a timeout (_split_slow)."""
         identity = self.identities.get(nodeid)
         if identity is None:
             return
@@ -318,7 +318,7 @@ class GradingScheduling(LoadGroupScheduling):
                 if not self._is_triton_of(units[key], submission):
                     continue
                 if groups := self._parts_of(key[0], units[key], [nodeid for k, nodeid in queued if k == key], proven):
-                    self.requests[node] = Request(node, None, key, 0.0, groups)
+                    self.requests[node] = Request(node, None, key, 0.0, tuple(groups))
                     node.send_steal([self.position[nodeid] for group in groups for nodeid in group])
                     break
 
