@@ -56,6 +56,8 @@ sys.path.insert(0, str(ROOT))
 from bench.cpu_account import account, print_account, print_comparison  # noqa: E402
 from bench.utilization import Utilization  # noqa: E402
 from fa2_sandbox.wire.outcomes import CRASH, GRADER_ERROR, IMPORT_ERROR  # noqa: E402
+from grading.results.record import CheckRecord  # noqa: E402
+from grading.time_limit import is_cut  # noqa: E402
 
 
 def triton_cache_dir() -> Path:
@@ -214,7 +216,7 @@ def breakdown(reports: Path, started: float, sequential: bool) -> dict:
     timing = {f"{r.get('submission')}::{r.get('check')}": r["timing"] for r in records if r.get("timing")}
     cut = defaultdict(int)  # submission -> advice checks its --time-limit cut (grading/time_limit.py)
     for r in records:
-        if (r.get("output") or "").startswith("cut: this submission's time limit"):
+        if is_cut(CheckRecord.from_json(r)):
             cut[r.get("submission", "?")] += 1
     import_errors = {}  # submission -> why its adapters did not import: the first such record's
     for r in records:
