@@ -155,10 +155,10 @@ def triton_track(tier: str, case: FlashCase, per_kernel: bool = True) -> Track:
     """The runner of a Triton case: its kernel's (kernel_track), but for the course tier's, the official
     tests' two (fp32, d=64, full and causal), which run in the slot's memory runner, the first track of
     every submission. Each compiles an fp32 kernel, the slowest a class compiles: a kernel that took
-    minutes there (large fp32 tiles autotuned over several configs) showed its submission slow only
+    two minutes there (large fp32 tiles autotuned over five configs) showed its submission slow only
     when its Triton tracks began, at their place in the class's queue, and its last kernels, promoted
-    then, ended the class well after the rest (notes/grading-speed.md, "the course cases first").
-    First, a check that runs that long promotes the submission soon after the start
+    then, ended the class about 100 s after the rest (notes/grading-speed.md, "the course cases first").
+    First, a check that runs that long promotes the submission within a minute of the start
     (grading/scheduler.py). A student also sees the official tests' verdicts first."""
     return MEMORY_TRITON if tier == "course" else kernel_track(case, per_kernel)
 
