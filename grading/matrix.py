@@ -18,7 +18,7 @@ after its id.
 from functools import lru_cache
 
 from fa2_sandbox.wire.cases import FlashCase
-from grading.tracks import Track, kernel_track, triton_track
+from grading.tracks import Track, kernel_track
 
 ODD_PAIRS = [(113, 203), (203, 113), (128, 217), (1, 239), (127, 513), (1023, 1024), (17, 17)]
 
@@ -80,8 +80,7 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
     unseen input of the same case (grading/checks/flash_checks.run_case), so that a submission that
     caches its answers by shape, dtype or case is caught in every runner that answers required
     flash checks, however the checks are spread: one case per slot, and for the Triton slot on a
-    GPU, where its cases spread over a runner per kernel (grading/tracks.py), one per kernel in each
-    runner of it (the course cases' kernels run in the memory runner too: tracks.triton_track). Each
+    GPU, where its cases spread over a runner per kernel (grading/tracks.py), one per kernel. Each
     is the smallest case of a required tier in its runner: replay is a requirement, so it is judged
     only where the handout promises the submission works. A runner with no such case (a kernel of
     an odd head dim, which only robustness cases use) gets no replay: caching there could win only
@@ -90,7 +89,7 @@ def replay_cases(slot: str, on_gpu: bool) -> tuple:
     runners = {}
     for tier, case in flash_cases(slot, on_gpu):
         if tier in REQUIRED_TIERS[slot]:
-            runner = (triton_track(tier, case), kernel_track(case)) if slot == "triton" and on_gpu else Track(slot)
+            runner = kernel_track(case) if slot == "triton" and on_gpu else Track(slot)
             runners.setdefault(runner, []).append((tier, case))
     return tuple(min(cases, key=lambda pair: pair[1].work) for cases in runners.values())
 

@@ -58,7 +58,7 @@ LIKELY_TIMEOUT = 2 / 3
 # The handout's smallest case on a GPU (grading/matrix.py): the sizes at which a slow class's calls time out.
 LARGE = min(case.work for tier, case in flash_cases("triton", on_gpu=True) if tier == "handout")
 PROMOTE_S = 60.0  # a Triton check running this long marks its submission's Triton slot slow: well past
-# what a correct kernel's memory check at 16384 or first fp32 case takes, compiling included, in a class on one GPU
+# what a correct kernel's memory check at 16384 takes, compiling included, in a class on one GPU
 
 
 class Steal(NamedTuple):
@@ -291,10 +291,8 @@ class GradingScheduling(LoadGroupScheduling):
         identity = self.identities.get(nodeid)
         if identity is None:
             return
-        # The memory check's case is no parameter of it: the slot's own at N = 16384. Its runner's
-        # other checks, the course cases (tracks.triton_track), have theirs.
-        memory = identity.track.kind is KINDS["memory-triton"] and not identity.case_size
-        size = GPU_MEMORY_CASE.work if memory else identity.case_size
+        # The memory check's case is no parameter of it: the slot's own at N = 16384.
+        size = GPU_MEMORY_CASE.work if identity.track.kind is KINDS["memory-triton"] else identity.case_size
         if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]) or not size:
             return
         if seconds < self.likely_timeout_s and identity.submission_track not in self.smaller_than:

@@ -16,8 +16,7 @@ shards: in the handout a shard is the sharded optimizer's and FSDP's):
   ranks from one call to the next (fa2_sandbox/runner/ranks.py RankPool), so one spawn serves
   them all where a track each cost a runner start and a spawn each;
 - timing by slot (the PyTorch slot's runs_on_cuda joins its timing runner, so that the slot's
-  runner on the CPU never starts CUDA), and the Triton slot's memory (its own runner at N = 16384 on a GPU,
-  with the slot's course cases: triton_track). The
+  runner on the CPU never starts CUDA), and the Triton slot's memory (its own runner at N = 16384 on a GPU). The
   PyTorch slot's memory check joins the PyTorch track: it runs on the CPU at MEMORY_CASE, one of
   the slot's own cases, so the slot's cached reply serves it at no cost, and the "tiled, never
   N x N" requirement is graded wherever the slot is (a memory track of its own ran the case a
@@ -54,8 +53,7 @@ class Kind:
 # The kinds, longest first: xdist's loadgroup hands groups to idle workers in collection order, so
 # a run whose longest tracks come last ends with a few workers busy while the rest wait. Triton
 # memory comes first of all: it runs the Triton slot at 16384x16384, where a slot that is PyTorch
-# tiles in a Python loop takes minutes (the example triton_slot_without_triton), after the slot's
-# course cases, whose fp32 kernels compile slowest (triton_track). Then the PyTorch
+# tiles in a Python loop takes minutes (the example triton_slot_without_triton). Then the PyTorch
 # slot and the distributed checks, then the Triton tracks. The Triton tracks before the PyTorch
 # slot, tried on the corpus class (one H200, -n 16), recorded fewer checks, finished fewer
 # submissions and cut more advice checks: every submission's compiling and autotuning at once made
@@ -146,21 +144,6 @@ def kernel_track(case: FlashCase, per_kernel: bool = True) -> Track:
     dim), or without `per_kernel` the kernels of one dtype and causal flag."""
     name = f"triton-{SHORT[case.dtype]}-{'causal' if case.is_causal else 'full'}"
     return Track(f"{name}-d{case.head_dim}" if per_kernel else name)
-
-
-MEMORY_TRITON = Track("memory-triton")
-
-
-def triton_track(tier: str, case: FlashCase, per_kernel: bool = True) -> Track:
-    """The runner of a Triton case: its kernel's (kernel_track), but for the course tier's, the official
-    tests' two (fp32, d=64, full and causal), which run in the slot's memory runner, the first track of
-    every submission. Each compiles an fp32 kernel, the slowest a class compiles: a kernel that took
-    two minutes there (large fp32 tiles autotuned over five configs) showed its submission slow only
-    when its Triton tracks began, at their place in the class's queue, and its last kernels, promoted
-    then, ended the class about 100 s after the rest (notes/grading-speed.md, "the course cases first").
-    First, a check that runs that long promotes the submission within a minute of the start
-    (grading/scheduler.py). A student also sees the official tests' verdicts first."""
-    return MEMORY_TRITON if tier == "course" else kernel_track(case, per_kernel)
 
 
 def timing_track(slot: str) -> Track:

@@ -38,7 +38,7 @@ from grading.checks.flash_checks import (
 )
 from grading.diagnoses import flash as diagnose
 from grading.matrix import COURSE_CASE, flash_cases, replay_cases, slot_device
-from grading.tracks import Track, timing_track, triton_track
+from grading.tracks import Track, kernel_track, timing_track
 from reference.tolerance import course_close, judge_attention
 
 PARAMS = [(slot, tier, case) for slot in SLOTS for tier, case in flash_cases(slot, torch.cuda.is_available())]
@@ -59,12 +59,11 @@ def track(params: dict, per_kernel: bool) -> Track:
     """The runner of a flash check (grading/tracks.py): the PyTorch slot's, or for the Triton slot
     the kernel its case compiles. runs_on_cuda joins the PyTorch slot's timing runner, which puts
     the class on CUDA anyway: the slot's own runner, on the CPU, then never starts CUDA (a context,
-    and for a torch.compile'd class a second compile, in every PyTorch runner of a class). The Triton
-    slot's course cases run first, in its memory runner (tracks.triton_track)."""
+    and for a torch.compile'd class a second compile, in every PyTorch runner of a class)."""
     if params.get("device") == "cuda":
         return timing_track("pytorch")
     slot, case = params.get("slot", "pytorch"), params.get("case")
-    return triton_track(params.get("tier"), case, per_kernel) if slot == "triton" and case is not None else Track(slot)
+    return kernel_track(case, per_kernel) if slot == "triton" and case is not None else Track(slot)
 
 
 def check_of(test: str, params: dict) -> tuple:

@@ -338,9 +338,6 @@ def test_a_slow_submissions_kernels_compile_side_by_side_once_a_case_answered():
     memory = nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "fast")
     scheduler.answered(memory, 20.0)  # the slot's memory case at N = 16384 answered
     assert scheduler.proven["fast"] == 16384 * 16384 * 64
-    course = nodeid_of("test_forward", "course", "memory-triton", "early", size=4 * 128 * 128 * 64, kernel="a")
-    scheduler.answered(course, 20.0)  # a course case of the memory runner proves its own size, not N = 16384
-    assert scheduler.proven["early"] == 4 * 128 * 128 * 64
     compiled = set()
 
     def seconds(nodeid):  # a kernel's first case compiles it: 100 s; the quick tracks' checks 20 s

@@ -34,31 +34,8 @@ def test_triton_cases_split_by_what_triton_compiles_for():
     assert tracks.track_of(item("test_flash", "test_backward", slot="triton", tier="causal", case=CASE), set()) \
         == Track("triton-bf16-causal-d64")
     fp32 = FlashCase(head_dim=16)
-    assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="handout", case=fp32), set()) \
+    assert tracks.track_of(item("test_flash", "test_forward", slot="triton", tier="course", case=fp32), set()) \
         == Track("triton-fp32-full-d16")
-
-
-def test_the_triton_slots_course_cases_run_first_in_its_memory_runner():
-    """The official tests' two Triton cases, and every check of them, run in the memory runner, the
-    first track of a submission: their fp32 kernels compile slowest, and a kernel that compiles for
-    minutes must show it within a minute of the start (tracks.triton_track). The memory case goes
-    after the first of them: a class that hangs times out on a course case, not on N = 16384."""
-    course = [(tier, case) for tier, case in matrix.flash_cases("triton", True) if tier == "course"]
-    assert [case.id for _, case in course] == ["fp32-128x128-d64-full", "fp32-128x128-d64-causal"]
-    for tier, case in course:
-        for test in ("test_forward", "test_backward", "test_replay"):
-            assert tracks.track_of(item("test_flash", test, slot="triton", tier=tier, case=case), set()) \
-                == Track("memory-triton")
-    assert tracks.track_of(item("test_flash", "test_no_library_attention", slot="triton", tier="course",
-                                case=course[0][1]), set()) == Track("memory-triton")
-    # the PyTorch slot's course case stays in its slot's runner
-    assert tracks.track_of(item("test_flash", "test_forward", slot="pytorch", tier="course", case=course[0][1]),
-                           set()) == Track("pytorch")
-    items = [item("test_flash", "test_forward", slot="triton", tier=tier, case=case) for tier, case in course]
-    items += [item("test_memory", "test_no_score_matrix", slot="triton", phase="forward")]
-    ordered = list(items)
-    tracks.memory_early(ordered, lambda i: "alice/memory-triton")
-    assert [items.index(i) for i in ordered] == [0, 2, 1]
 
 
 def test_a_class_that_fills_the_workers_tracks_triton_by_dtype_and_causal_flag():
