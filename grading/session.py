@@ -128,13 +128,14 @@ class WorkerState:
         self._switch_to(submission.name, track)
         key = (submission.name, track)
         if key not in self._runners:
-            # A timing track's runner starts afresh, as the timing budgets were calibrated and
-            # measured: a Triton ratio that moved in a class whose runners were forked is not
-            # explained yet (notes/grading-speed.md, "where a class's CPU goes", Timing).
+            # Every student's runner is forked, its timing runner too: forked, the students' Triton
+            # passes read as they did started afresh, where a forked reference's did not, so the
+            # reference's runner alone starts afresh (test_timing.reference_runner; notes/grading-speed.md,
+            # "forked timing runners measured and left out").
             self._runners[key] = SubmissionRunner(submission, env=self.worker_env(),
                                                   import_timeout=self.rubric.timeout("import"),
                                                   kept_kernels=self.kept_kernels(submission.root, track.name),
-                                                  gpu_ledger=self.gpu_ledger, forked=not track.timing)
+                                                  gpu_ledger=self.gpu_ledger)
         return self._runners[key]
 
     def fail_if_unimportable(self, check, submission, track: Track):

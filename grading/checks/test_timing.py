@@ -38,7 +38,10 @@ def reference_runner(session) -> SubmissionRunner:
     ratio compares two kernels on one device, and the same thread budget. One per worker, kept
     from one timing check to the next (WorkerState.keep): the reference is the grader's own code, so
     no student's state can reach it, and a start of its own for each of a class's timing checks
-    cost a runner start and its kernels' compiling every time."""
+    cost a runner start and its kernels' compiling every time. Started afresh, not forked: forked,
+    its passes read longer in some windows of a class, and below their usual floor in
+    others, which moved the ratios (notes/grading-speed.md, "forked timing runners measured and
+    left out"); the students' own passes read the same either way."""
     def start():
         reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
         return SubmissionRunner(reference, env=session.worker_env(), import_timeout=session.rubric.timeout("import"),
