@@ -2,7 +2,7 @@
 
     results = run_on_ranks(fn, arg1, arg2, world_size=2)   # [fn's result on rank 0, rank 1]
 
-`fn(rank, world_size, *args)` runs in a spawned process per rank, after init_process_group
+`fn(rank, world_size, *args)` runs in a process per rank, after init_process_group
 (gloo on CPU by default). It must be a module-level function, because it is pickled by
 reference. Its return value travels back as torch.save bytes, so tensors, dicts, lists and
 numbers all work, and nothing depends on a rank process staying alive after it returns
@@ -11,6 +11,11 @@ numbers all work, and nothing depends on a rank process staying alive after it r
     pool = RankPool(world_size=2)            # the ranks start on the first run and stay
     pool.run(fn, arg1); pool.run(fn2, arg2)  # one spawn for both calls
     pool.close()
+
+Ranks start as spawned ones do (a fresh interpreter's state, the parent's sys.path and working
+directory, the function's module imported anew), but from multiprocessing's fork server, which
+imports torch once for all of a runner's ranks (START_METHOD): spawned, each rank imported torch
+itself, and a pool started again after every failed call.
 
 run_on_ranks starts fresh ranks and ends them. Each call picks a free port by binding port 0,
 so concurrent test runs don't collide the way a fixed MASTER_PORT would. A rank that raises
@@ -29,6 +34,11 @@ import traceback
 import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
+
+# A fresh Python per rank, as "spawn" gives, forked from one that has imported torch (and not the
+# runner itself: the student's code ran there, and may have started threads or changed torch).
+START_METHOD = "forkserver" if "forkserver" in mp.get_all_start_methods() else "spawn"
+PRELOAD = ["torch", "torch.distributed"]
 
 
 def find_free_port() -> int:
@@ -80,7 +90,7 @@ def _serve_rank(rank, world_size, backend, tasks, results):
 
 
 class RankPool:
-    """`world_size` spawned rank processes kept for several calls of `run`.
+    """`world_size` rank processes kept for several calls of `run`.
 
     Starting the ranks (a Python, torch, the submission's adapters, in each) costs seconds, the
     toy trainings of one check a fraction of that, so a runner keeps its ranks from one
@@ -93,7 +103,9 @@ class RankPool:
         self.procs = []
 
     def _start(self) -> None:
-        ctx = mp.get_context("spawn")
+        ctx = mp.get_context(START_METHOD)
+        if START_METHOD == "forkserver":
+            ctx.set_forkserver_preload(PRELOAD)
         self.results = ctx.Queue()
         self.tasks = [ctx.Queue() for _ in range(self.world_size)]
         self.procs = [ctx.Process(target=_serve_rank, daemon=True,
