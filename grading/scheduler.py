@@ -326,7 +326,10 @@ class GradingScheduling(LoadGroupScheduling):
         """The groups of a unit's `queued` tests that may run in runners of their own (none of them
         sharing a call with the unit's other tests, nor as large as a case of the track that timed out):
         - those no larger than `proven`, the largest case the submission answered in time (answered),
-          one group per kernel that is not the unit's first nor one its other tests began;
+          one group per kernel that is not the unit's first nor one its other tests began, the
+          kernel of the largest case first: its compile is likely the longest (a d128 kernel's, whose
+          part, queued last, began minutes after the others: notes/grading-speed.md, "the whole
+          class, to its end");
         - those larger, from the handout's size on (LARGE), as one group, smallest first, where
           smaller ones come before them: one runner waits out their timeout once and fails the
           larger ones at once, as the track's would, without first running all the smaller ones."""
@@ -338,6 +341,7 @@ class GradingScheduling(LoadGroupScheduling):
                 and (limit is None or (self.case_size(nodeid) or limit) < limit)]
         groups = by_kernel([nodeid for nodeid in free if self.case_size(nodeid) <= proven
                             and self.kernel(nodeid) not in kernels], self.kernel)
+        groups.sort(key=lambda group: max(map(self.case_size, group)), reverse=True)  # stable: ties in order
         large = [nodeid for nodeid in free if proven < self.case_size(nodeid) and LARGE <= self.case_size(nodeid)]
         first = min(large, key=queued.index, default=None)
         before = queued[:queued.index(first)] if large else []

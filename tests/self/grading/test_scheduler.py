@@ -358,6 +358,20 @@ def test_a_slow_submissions_kernels_compile_side_by_side_once_a_case_answered():
                                     "4 checks of b, 4 checks of c"]
 
 
+def test_a_slow_submissions_largest_kernel_goes_first():
+    """The parts of a slow submission's kernels go out largest case first: the kernel whose part
+    came last (a d128 kernel, compiling for minutes) ended its class minutes after the rest."""
+    collection = kernel_cases("slow", ["a"], [1000]) + kernel_cases("slow", ["d16"], [1000, 2000])
+    collection += kernel_cases("slow", ["d64"], [1000, 4000]) + kernel_cases("slow", ["d128"], [1000, 8000])
+    collection += [t for k in range(6) for t in pairs("pytorch", 1, f"quick{k}")]
+    scheduler, nodes, sent = start(collection, 2, promote_after_s=50.0, flash_timeout_s=300.0)
+    scheduler.answered(nodeid_of("test_forward", "other", "triton-bf16-full", "slow", size=8000, kernel="z"), 5.0)
+    run(scheduler, nodes, lambda nodeid: 20.0 if "quick" in nodeid else 100.0, logstart=True)
+    ran_once(scheduler, nodes)
+    assert scheduler.promotions == ["slow/triton-fp32-full: from gw0 to the head of the queue, 3 part(s): "
+                                    "4 checks of d128, 4 checks of d64, 4 checks of d16"]
+
+
 def test_forward_and_backward_of_a_case_move_together():
     unit = dict.fromkeys(pairs(SLOW, 4), False)
     tests = list(unit)
