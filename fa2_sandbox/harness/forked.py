@@ -27,15 +27,16 @@ from fa2_sandbox.harness.scratch import user_site_paths
 
 SERVER_PY = Path(__file__).resolve().parents[1] / "runner" / "fork_server.py"
 READY_TIMEOUT_S = 180.0  # the server's imports, on a machine whose cores are all busy
-# What the server imports before it forks. With a GPU, also torch.compile's front end and its
-# compiler, which about half the course's submissions import (seconds of CPU in each of their
-# runners): a class there starts hundreds of runners. Under the Triton interpreter (a CPU: the
-# project's tests, a student's own check) a server often forks only a few, and importing them
-# would cost more than it saves. torch._inductor.compile_fx only where a child's import of it
-# showed that safe ("?", fork_server.safe_to_import): on an H200 its import once started a thread,
-# and a server that has one cannot fork at all.
+# What the server imports before it forks. With a GPU, also torch.compile's front end, which
+# about half the course's submissions import (seconds of CPU a runner): a class there starts
+# hundreds of runners. Under the Triton interpreter (a CPU: the project's tests, a student's own
+# check) a server often forks only a few, and importing it would cost more than it saves. Not
+# torch._inductor.compile_fx: on an H200 its import starts a thread, so the server refused to fork
+# at all. Its torch/_inductor/runtime/benchmarking.py asks torch.cuda.is_available() at import,
+# which even NVML's way (PYTORCH_NVML_BASED_CUDA_CHECK, below) answers from a thread of NVML's
+# (notes/grading-speed.md, "the whole class, to its end").
 PRELOAD = ("torch", "triton", "numpy")
-PRELOAD_COMPILE = ("torch._dynamo", "?torch._inductor.compile_fx")
+PRELOAD_COMPILE = ("torch._dynamo",)
 # A runner's own folders: the server gets folders of its own instead, and each runner its own.
 PER_RUNNER = ("HOME", "TMPDIR", "XDG_CACHE_HOME", "TRITON_HOME", "TRITON_CACHE_DIR", "TRITON_CACHE_AUTOTUNING",
               "TORCHINDUCTOR_CACHE_DIR", "PYTHONPATH")

@@ -17,8 +17,7 @@ runner started in place of the exec), then runs fa2_sandbox.runner.serve as `pyt
 The server stays single-threaded and never touches CUDA or runs an operator: a fork copies only the
 calling thread, and a CUDA context or an OpenMP pool does not survive one. After each preload it
 checks that it still has one thread; if a module started one, the server says so and stops, and
-the harness starts runners the usual way. A MODULE written "?module" is imported only if a forked
-child's import of it left the child able to fork: on some machines it starts a thread.
+the harness starts runners the usual way.
 
 Protocol, on a SOCK_SEQPACKET socket (each message one JSON object):
 - server -> harness: {"ready": true} once imported, or {"error": why}; {"started": pid} for each
@@ -55,43 +54,18 @@ def name_process(name: bytes) -> None:
     ctypes.CDLL(None).prctl(PR_SET_NAME, ctypes.c_char_p(name), 0, 0, 0)
 
 
-def unsafe_here() -> str | None:
-    """Why this process could not fork safely now, or None."""
-    if threads() != 1:
-        return f"it has {threads()} threads"
-    torch = sys.modules.get("torch")
-    if torch is not None and torch.cuda.is_initialized():
-        return "CUDA is initialised, which a fork does not survive"
-    return None
-
-
-def safe_to_import(name: str) -> bool:
-    """Whether importing `name` leaves a process that can fork safely, tried in a child first: an
-    import that starts a thread cannot be undone, and would leave the server unable to fork at all."""
-    pid = os.fork()
-    if pid == 0:
-        try:
-            __import__(name)
-            os._exit(0 if unsafe_here() is None else 1)
-        except BaseException:
-            os._exit(1)
-    _, status = os.waitpid(pid, 0)
-    return os.waitstatus_to_exitcode(status) == 0
-
-
 def preload(modules: list) -> str | None:
-    """Import `modules`; None, or why the server cannot fork safely. A module named "?module" is
-    imported only where a child's import of it showed that safe (safe_to_import); a runner
-    imports it itself if it needs it."""
+    """Import `modules`; None, or why the server cannot fork safely."""
     for name in modules:
-        if name.startswith("?") and not safe_to_import(name := name[1:]):
-            continue
         try:
             __import__(name)
         except Exception:  # optional: a runner imports it itself if it needs it
             pass
-        if (unsafe := unsafe_here()) is not None:
-            return f"after importing {name} {unsafe}: forking would not be safe"
+        if threads() != 1:
+            return f"importing {name} started a thread ({threads()} now): forking would not be safe"
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_initialized():
+        return "a preloaded module initialised CUDA, which a fork does not survive"
     return None
 
 

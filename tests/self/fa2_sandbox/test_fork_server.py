@@ -333,32 +333,3 @@ def test_a_server_that_cannot_fork_safely_is_not_used(tmp_path, monkeypatch):
             runner.close()
     finally:
         server.close()
-
-
-PRELOAD_PROBE = """
-import json, sys
-sys.path.insert(0, {modules!r})
-sys.argv = ["fork_server.py"]
-import runpy
-server = runpy.run_path({server!r})
-print(json.dumps([server["preload"]({names!r}), "quiet" in sys.modules, "threaded" in sys.modules]))
-"""
-
-
-def test_a_module_whose_import_starts_a_thread_is_left_out_where_marked_optional(tmp_path):
-    """A "?module" preload is imported only if a child's import of it stayed single-threaded
-    (fork_server.safe_to_import); any other module that starts a thread stops the server."""
-    (tmp_path / "quiet.py").write_text("VALUE = 1\n")
-    (tmp_path / "threaded.py").write_text("import threading, time\n"
-                                          "threading.Thread(target=time.sleep, args=(30,), daemon=True).start()\n")
-
-    def preload(names):
-        code = PRELOAD_PROBE.format(modules=str(tmp_path), server=str(forked.SERVER_PY), names=names)
-        done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                              env={**os.environ, "OMP_NUM_THREADS": "1"})
-        assert done.returncode == 0, done.stderr
-        return json.loads(done.stdout.splitlines()[-1])
-
-    assert preload(["?quiet", "?threaded"]) == [None, True, False]
-    error, _, imported = preload(["quiet", "threaded"])
-    assert imported and "after importing threaded it has 2 threads" in error
