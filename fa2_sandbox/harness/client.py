@@ -163,8 +163,13 @@ class SubmissionRunner:
 
     def __init__(self, submission: Submission, env: dict | None = None, import_timeout: float = 120.0,
                  memory_limit: int | None = None, kept_kernels: Path | None = None, gpu_ledger=None,
-                 dense_backward: bool = True, forked: bool = True):
+                 dense_backward: bool = True, forked: bool = True, learns_timeouts: bool = True):
         self.submission = submission
+        # Whether a case at least as large as one that timed out fails at once (_after_a_timeout): a
+        # submission's hang costs a few timeouts, not one per case. Not for a runner of the grader's
+        # own code kept from one submission's check to the next (the timing reference), whose
+        # timeout says how busy the machine was, not how its next call will end.
+        self.learns_timeouts = learns_timeouts
         # Whether the runner may be forked from a fork server (forked.py) rather than started afresh.
         self.forked = forked
         self.gpu_ledger = gpu_ledger  # gpu_ledger.GpuLedger of the runner's GPU, or None (no GPU)
@@ -448,7 +453,7 @@ class SubmissionRunner:
             return self._died("setup", what)
         message = self._wait_done("setup", timeout, what=what, holding=holding, until=until)
         if isinstance(message, Reply):
-            if message.timed_out and size is not None:
+            if message.timed_out and size is not None and self.learns_timeouts:
                 if not earlier or size < earlier[0]:
                     self._timed_out[family] = (size, message.message)
             return message

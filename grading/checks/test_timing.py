@@ -41,12 +41,15 @@ def reference_runner(session) -> SubmissionRunner:
     cost a runner start and its kernels' compiling every time. Started afresh, not forked: forked,
     its passes read longer in some windows of a class, and below their usual floor in
     others, which moved the ratios (notes/grading-speed.md, "forked timing runners measured and
-    left out"); the students' own passes read the same either way."""
+    left out"); the students' own passes read the same either way. A call of it that timed out
+    (on a busy machine) fails no later call: kept, it had failed every later submission's PyTorch
+    budget on its worker as "not run" (notes/grading-speed.md, "the whole class, to its end")."""
     def start():
         reference = load_submission(PROJECT_ROOT / "submissions" / "reference")
         return SubmissionRunner(reference, env=session.worker_env(), import_timeout=session.rubric.timeout("import"),
                                 kept_kernels=session.kept_kernels(reference.root, "timing"),
-                                gpu_ledger=session.gpu_ledger, dense_backward=False, forked=False)
+                                gpu_ledger=session.gpu_ledger, dense_backward=False, forked=False,
+                                learns_timeouts=False)
     return session.keep("timing reference", start)
 
 

@@ -108,6 +108,15 @@ def test_timeout_kills_the_process_group(runner_for):
     assert runner.call(smaller, timeout=4).message == "timed out after 4 s in forward"
 
 
+def test_a_runner_that_learns_no_timeouts_runs_every_case(runner_for):
+    """The timing reference's kept runner (learns_timeouts=False): a call that timed out on a busy
+    machine fails no later call, of its own submission's check or the next one's."""
+    runner = runner_for("while True:\n    pass", learns_timeouts=False)
+    assert runner.call(REQUEST, timeout=3).status == "timeout"
+    bigger = replace(REQUEST, case=FlashCase(batch=(2,), n_queries=16, n_keys=16, head_dim=16))
+    assert runner.call(bigger, timeout=3).message == "timed out after 3 s in forward"
+
+
 def test_no_child_survives_the_runner(runner_for):
     runner = runner_for(f'''
         import os, subprocess, sys

@@ -38,4 +38,5 @@ def test_the_timing_reference_starts_afresh(monkeypatch):
     monkeypatch.setattr(test_timing, "SubmissionRunner", Recorded)
     reference = test_timing.reference_runner(worker_state())
     assert reference.kwargs["forked"] is False
+    assert reference.kwargs["learns_timeouts"] is False  # kept from one submission's check to the next
     assert reference.submission.name == "reference"
