@@ -14,6 +14,7 @@ and prints where the time went. Only this process writes under reports/
 import json
 import os
 import platform
+import secrets
 import shutil
 import tempfile
 import time
@@ -85,6 +86,11 @@ class ControllerState:
         # Each submission's check time under a limit, shared by the run's processes: made here, its
         # workers are told where.
         self.spent = SpentTime(tempfile.mkdtemp(prefix="fa2-spent-")) if settings.time_limit is not None else None
+        # Under xdist, the CPU cases' oracles, computed once for all the workers (grading/checks/shared_oracles.py):
+        # a folder made here, and a key drawn for the run that only the workers are given.
+        self.oracles = None
+        if getattr(config.option, "numprocesses", None):
+            self.oracles = {"path": tempfile.mkdtemp(prefix="fa2-oracles-"), "key": secrets.token_hex(32)}
         self.seed = config.getoption("--seed")
         if self.seed is None:
             self.seed = store.secret_seed(self.reports)
@@ -96,6 +102,8 @@ class ControllerState:
         given = {protocol.SEED: self.seed}
         if self.spent is not None:
             given[protocol.SPENT] = str(self.spent.folder)
+        if self.oracles is not None:
+            given[protocol.ORACLES] = self.oracles
         return given
 
 
@@ -418,6 +426,8 @@ class ControllerPlugin:
             shutil.rmtree(self.identities_folder, ignore_errors=True)
         if self.state.spent is not None:  # after its workers: they add to it to the end
             shutil.rmtree(self.state.spent.folder, ignore_errors=True)
+        if self.state.oracles is not None:
+            shutil.rmtree(self.state.oracles["path"], ignore_errors=True)
         if self.config.option.collectonly or self.no_checks:
             return
         self.durations.mark("scoring")

@@ -15,6 +15,8 @@ Controller -> worker, in workerinput (read with `given`; without workers SEED an
   SEED        the base seed of every input (ControllerState: --seed, else the reports folder's secret one)
   SPENT       under --time-limit, the folder where each submission's check time is kept, which all
               the run's processes add to (grading/time_limit.py SpentTime)
+  ORACLES     under xdist, {"path", "key"}: the folder where the workers share the CPU cases' float64
+              oracles, and the key of their files' HMAC (grading/checks/shared_oracles.py)
   PROBE       {"path", "question"}: the sandbox's isolation probe, which the controller runs once
               while the workers start (fa2_sandbox/harness/shared_probe.py)
   IDENTITIES  the file the worker writes its tests' identities to (below)
@@ -43,6 +45,7 @@ from grading.rubric import Rubric, RubricError
 
 SEED = "grading_seed"
 SPENT = "grading_spent"
+ORACLES = "grading_oracles"
 PROBE = "isolation_probe"
 IDENTITIES = "grading_identities"
 

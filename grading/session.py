@@ -19,6 +19,7 @@ from fa2_sandbox.harness.discover import defined_functions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
 from fa2_sandbox.wire import outcomes
 from grading import protocol, time_limit, tracks
+from grading.checks.shared_oracles import SharedOracles
 from grading.time_limit import SpentTime
 from grading.tracks import Track
 
@@ -38,6 +39,10 @@ class WorkerState:
         # Each submission's check time under a limit, in the folder the controller made for the run.
         self.spent = SpentTime(protocol.given(config, protocol.SPENT)) if self.time_limit is not None else None
         self.seed = protocol.given(config, protocol.SEED)
+        # The CPU cases' oracles, computed once by the run's workers between them, where the
+        # controller made room for them (under xdist).
+        shared = protocol.given(config, protocol.ORACLES)
+        self.oracles = SharedOracles(shared["path"], shared["key"]) if shared else None
         self.on_gpu = torch.cuda.is_available()
         # Workers share the cores, and so do their runners: without this each one's float64
         # oracles and each runner's matmuls would use every core at once.

@@ -19,13 +19,22 @@ SLOTS = tuple(FLASH_SLOTS)  # "pytorch", "triton"
 POWER_OF_TWO_DIMS = (16, 32, 64, 128)  # the head dims the handout promises; any other may be refused
 
 
+def expected(case, seed, device, shared=None):
+    """Inputs, oracle and plain-PyTorch baseline of a case. `shared`: the run's SharedOracles
+    (session.oracles), through which the run's workers compute a CPU case's once between them."""
+    return _expected(case, seed, device, shared if device == "cpu" else None)
+
+
 # Every submission is graded on the same inputs, so a worker computes each case's oracle once for
-# the whole class (all cases together: under 200 MiB).
+# the whole class (all cases together: under 200 MiB), and on the CPU, where each costs seconds of
+# a core, the run's workers share them (shared_oracles.py).
 @lru_cache(maxsize=None)
-def expected(case, seed, device):
-    """Inputs, oracle and plain-PyTorch baseline of a case."""
-    q, k, v, do = make_inputs(case, seed, device)
-    return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
+def _expected(case, seed, device, shared):
+    def compute():
+        q, k, v, do = make_inputs(case, seed, device)
+        return (q, k, v, do), expected_attention(q, k, v, do, case.is_causal)
+
+    return compute() if shared is None else shared.get((case, seed, device), compute)
 
 
 @lru_cache(maxsize=None)
@@ -35,9 +44,9 @@ def expected_tf32(case, seed, device):
 
 
 @lru_cache(maxsize=32)  # each up to ~8 MB, more while computed; a class tries many mistakes
-def mistaken(case, seed, device, mistake):
+def mistaken(case, seed, device, mistake, shared=None):
     """What a known mistake gives on this case's inputs (for diagnoses)."""
-    return mistakes.oracle_of(mistake, expected(case, seed, device)[0], case)
+    return mistakes.oracle_of(mistake, expected(case, seed, device, shared)[0], case)
 
 
 def oracle_bytes(case) -> int:

@@ -89,7 +89,7 @@ def judge(check, session, slot, tier, case, tensors, names):
 
 
 def judge_on(check, session, slot, tier, case, tensors, names, device):
-    (q, k, v, do), (oracle, baseline) = expected(case, session.seed, device)
+    (q, k, v, do), (oracle, baseline) = expected(case, session.seed, device, session.oracles)
     if missing := [n for n in names if n not in tensors]:
         check.fail(f"no {', '.join(missing)} came back: the function returned None for {missing[0]}.")
     # The dtypes: the official tests' assert_close checks them (course tier), and so do the checks
@@ -106,6 +106,7 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
             check.fail(found + ".")
         off_dtype.append(found)
     got = {n: tensors[n] for n in names}
+    mistake = partial(mistaken, case, session.seed, device, shared=session.oracles)
     verdicts = judge_attention(got, q, k, v, do, case.is_causal, (oracle, stored_as(baseline, got)),
                                **session.rubric.tolerances)
     tf32 = False
@@ -120,7 +121,7 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
     if tier == "course":  # the official tests' rule alone; the relative rule only explains a failure
         if problems := [p for n in names if (p := course_close(n, tensors[n], oracle[n]))]:
             sentence, heatmap = (problems[0], None) if all(v.ok for v in verdicts.values()) else \
-                diagnose.explain(verdicts, tensors, oracle, case, partial(mistaken, case, session.seed, device))
+                diagnose.explain(verdicts, tensors, oracle, case, mistake)
             point_at_the_forward(check, case, sentence)
             check.fail(f"{sentence} (the official tests' tolerance is atol=rtol=1e-2)", "\n".join(problems),
                        heatmap=heatmap)
@@ -128,8 +129,7 @@ def judge_on(check, session, slot, tier, case, tensors, names, device):
         return
     bad = [v for v in verdicts.values() if not v.ok]
     if bad:
-        sentence, heatmap = diagnose.explain(verdicts, tensors, oracle, case,
-                                             partial(mistaken, case, session.seed, device))
+        sentence, heatmap = diagnose.explain(verdicts, tensors, oracle, case, mistake)
         point_at_the_forward(check, case, sentence)
         check.fail(sentence, "\n".join(v.reason for v in bad), heatmap=heatmap)
     note = ("; ".join(f"{n}: max error {v.max_err:.2e} (bound {v.max_bound:.2e})" for n, v in verdicts.items()))

@@ -49,7 +49,7 @@ def test_nothing_is_said_where_nothing_changed_or_nothing_answered():
 def judged(case, tier, cls):
     """The forward check's record for `cls` on `case`, as test_forward words it."""
     rubric = Rubric()
-    grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric)
+    grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric, oracles=None)
     declared = declared_for(test_flash.test_forward, {"slot": "pytorch", "tier": tier, "case": case}, rubric)
     check = Check(SimpleNamespace(name="student"), declared, case, rubric)
     q, k, v, do = make_inputs(case, SEED, "cpu")

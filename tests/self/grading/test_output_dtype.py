@@ -27,7 +27,7 @@ FP32_CASE = FlashCase(batch=(2,), n_queries=64, n_keys=64, head_dim=16)
 def judged(slot, tier, case, answer):
     """The check's record after judging `answer` (o, L) with the rule of `tier`."""
     rubric = Rubric()
-    grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric)
+    grading = SimpleNamespace(seed=SEED, on_gpu=False, rubric=rubric, oracles=None)
     declared = declared_for(test_flash.test_forward, {"slot": slot, "tier": tier, "case": case}, rubric)
     check = Check(SimpleNamespace(name="student"), declared, case, rubric)
     try:
