@@ -1,9 +1,10 @@
 """What each rank does for the DDP and sharded-optimizer checks. Student-land: raw results only.
 
 `Runner.op_distributed` runs these on the ranks of a fa2_sandbox.runner.ranks.RankPool; each
-rank is a spawned process that inherits the runner's sys.path and working directory, imports
-the submission's adapters module itself (once: the pool keeps its ranks from one successful
-call to the next, and starts fresh ones after a failure), trains a reference toy model through
+rank is a fresh process (as spawned, though from multiprocessing's fork server) that inherits the
+runner's sys.path and working directory, imports the submission's adapters module itself (once:
+the pool keeps its ranks from one successful call to the next, and starts fresh ones after a
+failure), trains a reference toy model through
 the student's functions and returns plain tensors, dicts and lists. The harness (grading/
 test_distributed.py) builds the same models and batches from the same seeds with the helpers
 below, trains them in one process and judges.
@@ -105,7 +106,7 @@ class NotAttemptedHere(Exception):
 def trusted_first():
     """Put the trusted modules first on sys.path while ranks start.
 
-    A spawned rank imports torch, this module and fa2_sandbox.runner.ranks through the sys.path
+    A rank imports torch, this module and fa2_sandbox.runner.ranks through the sys.path
     it inherits, and the runner's has the submission's root in front, where a top-level torch/
     of the student's would shadow the real one. The rank puts the submission's sys.path back
     (load_submission) once those are imported.
