@@ -23,6 +23,7 @@ import torch
 from fa2_sandbox.runner import cpu_profile, distributed_ops, flash_call, input_changes, instruments
 from fa2_sandbox.runner.errors import describe, format_traceback, import_failure
 from fa2_sandbox.runner.ranks import RankPool
+from fa2_sandbox.runner.stretch_clock import StretchClock
 from fa2_sandbox.wire import course_env, outcomes, requests
 from fa2_sandbox.wire import tensors as wire_tensors
 from fa2_sandbox.wire.cases import FLASH_SLOTS, make_inputs
@@ -204,6 +205,7 @@ class Runner:
         self.profile = profile  # where this process's CPU went, for the bench (cpu_profile.py); None: not asked
         self.rank_pool = None  # the ranks of the last distributed call, kept for the next one
         self.timed = None  # a timing budget's prepared inputs and last outputs, between its calls
+        self.rounds_timed = 0  # time_passes calls served: the reference says which round a window's is
         self.tag = None  # the call being served: its tensors are saved under it
         self.handlers = {requests.Flash: self.flash, requests.WarmTiming: self.warm_timing,
                          requests.PrepareTiming: self.prepare_timing, requests.TimePasses: self.time_passes,
@@ -304,12 +306,14 @@ class Runner:
         `per_sync` of them (and after the last), each time followed by the phase "pass i", i the
         passes done: between two synchronizes the passes queue on the device as they would in a
         training loop. The last pass's outputs are kept, as returned. With `cycle` (the grader's
-        reference only) the passes go round the prepared inputs, which stay."""
+        reference only) the passes go round the prepared inputs, which stay, and the reply adds the
+        runner's own record of each stretch (stretch_clock.py) and how many rounds it timed before."""
         timed, passes, per_sync, cycle = self.timed, request.passes, request.per_sync, request.cycle
         if timed is None or not timed["inputs"] or (not cycle and len(timed["inputs"]) < passes):
             prepared = len(timed["inputs"]) if timed is not None else 0
             raise RuntimeError(f"{passes} passes asked for, {prepared} inputs prepared")
         self.phase("timed")
+        own = StretchClock(request.device) if cycle else None  # the reference's own record
         for i in range(1, passes + 1):
             if cycle:
                 seed, (q, k, v, do) = timed["inputs"][i % len(timed["inputs"])]
@@ -318,10 +322,17 @@ class Runner:
             last = i == passes
             got = flash_call.run_flash(timed["cls"], q, k, v, do, timed["case"].is_causal, copies=last)
             if last or i % per_sync == 0:
+                if own:
+                    own.launched()
                 synchronize(request.device)
+                if own:
+                    own.synchronized(i)
                 self.phase(f"pass {i}")
             del q, k, v, do
         timed["last"] = (seed, got)
+        self.rounds_timed += 1
+        if own:
+            return {"passes": passes, "own_stretches": own.stretches, "rounds_before": self.rounds_timed - 1}
         return {"passes": passes}
 
     def end_timing(self, request: requests.EndTiming) -> dict:

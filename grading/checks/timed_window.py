@@ -107,6 +107,10 @@ class Measured:
     failed: str = ""  # "student" or "reference": whose call failed (raised, crashed)
     failure: object = None  # that call's reply
     steps: dict = field(default_factory=dict)  # step -> seconds it took: where a window's time went
+    # The reference runner's own record of its stretches and of the rounds it timed before each
+    # round (fa2_sandbox/runner/stretch_clock.py): kept for the run's summary, never judged.
+    reference_own: list = field(default_factory=list)
+    reference_rounds_before: list = field(default_factory=list)
 
     @property
     def student_times(self) -> list:
@@ -142,6 +146,8 @@ def measure(student, reference, case: FlashCase, budget_ratio: float, deadline: 
             return False
         m.reference_ms += pass_times_ms(reply.phases)
         m.reference_passes += reference_passes
+        m.reference_own += (reply.result or {}).get("own_stretches", [])
+        m.reference_rounds_before.append((reply.result or {}).get("rounds_before"))
         return True
 
     def student_round(step, passes) -> bool:

@@ -178,6 +178,12 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
         reference.close()
     assert m.stopped_after_s is not None and m.first_ms is None and len(m.reference_ms) == 2
     assert held <= tw.WINDOW_S + 0.5  # the kill and the reap of the stopped runner
+    # The reference's own record of the same two stretches, from its first round
+    assert m.reference_rounds_before == [0]
+    assert [s["passes"] for s in m.reference_own] == [tw.REFERENCE_STRETCH] * 2
+    for own, outside in zip(m.reference_own, m.reference_ms):
+        assert own["gpu_ms"] is None and 0 < own["enqueue_ms"] <= own["own_ms"]
+        assert own["own_ms"] <= outside * 1.5 + 1  # the harness's stamps add the messages' way, little on an idle CPU
 
 
 def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_sentence():
