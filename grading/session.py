@@ -13,7 +13,7 @@ from functools import cached_property
 import pytest
 import torch
 
-from fa2_sandbox.harness import kernel_cache
+from fa2_sandbox.harness import forked, kernel_cache
 from fa2_sandbox.harness.client import SubmissionRunner
 from fa2_sandbox.harness.discover import defined_functions, stub_functions
 from fa2_sandbox.harness.gpu_ledger import GpuLedger, capacity_bytes, ledger_path
@@ -218,6 +218,9 @@ class WorkerState:
     def close(self):
         for runner in [*self._runners.values(), *self._kept.values()]:
             runner.close()
+        # Now, not at the interpreter's exit: an xdist worker can be gone before its atexit
+        # handlers have ended a server, and that server's folder stayed in the temporary folder.
+        forked.close_all()
 
 
 class TrackSession:

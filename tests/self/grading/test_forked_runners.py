@@ -40,3 +40,16 @@ def test_the_timing_reference_starts_afresh(monkeypatch):
     assert reference.kwargs["forked"] is False
     assert reference.kwargs["learns_timeouts"] is False  # kept from one submission's check to the next
     assert reference.submission.name == "reference"
+
+
+def test_a_worker_s_close_ends_its_fork_servers_and_their_folders(tmp_path, monkeypatch):
+    """At the session's end, not at the interpreter's exit: an xdist worker could be gone before its
+    atexit handlers ran, and a server's folder stayed behind in the temporary folder."""
+    from fa2_sandbox.harness import forked
+
+    closed = []
+    monkeypatch.setitem(forked._servers, "an environment", SimpleNamespace(close=lambda: closed.append(True)))
+    runner = SimpleNamespace(close=lambda: closed.append("runner"))
+    state = SimpleNamespace(_runners={("student", "track"): runner}, _kept={})
+    WorkerState.close(state)
+    assert closed == ["runner", True] and forked._servers == {}
