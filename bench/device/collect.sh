@@ -1,0 +1,16 @@
+# usage: bash bench/device/collect.sh NAME WAIT: wait up to WAIT s for the run, report progress, tar it if done
+set -u
+name=$1; wait=$2; t0=$(date +%s)
+while [ ! -e /tmp/$name.done ] && [ $(( $(date +%s) - t0 )) -lt $wait ]; do
+  sleep 20
+  n=$(find /tmp/$name/reports -name '*.json' 2>/dev/null | wc -l)
+  echo "$(date +%T) $name: $n check files, load $(cut -d' ' -f1 /proc/loadavg)"
+done
+if [ -e /tmp/$name.done ]; then
+  cp /tmp/$name.out /tmp/$name/run.out
+  find /tmp/$name -type f | sed "s|/tmp/||" > /tmp/$name/kept-files.txt
+  tar -C /tmp --exclude='*.html' --exclude='*cache*' --exclude='*.png' -czf $OUT/$name.tgz $name
+  ls -la $OUT; tail -60 /tmp/$name.out
+else
+  echo "$name still running"; tail -5 /tmp/$name.out
+fi
