@@ -8,6 +8,11 @@ collected in the order tracks.HEAVY_FIRST (or --order) gives, and handed to 16 f
 the real GradingScheduling, as tests/self/grading/test_scheduler.py drives it (xdist's worker
 side: a worker holds its next test back, the first two of its queue are never stolen). A thief
 pays a runner start (--start, 8 s by default: about a class run's median) on its first check of a group.
+The scheduler runs on the replay's clock, and hears of each check's timeout or answer as the controller
+told it (the run's check files, where kept): a Triton check that runs long promotes its submission and
+splits its tracks as in the run (the tail of 2026-12-06's run came back: kbjiang promoted at 320 s, the
+run's at 355 s). A check's time stays with its id, though: where a split moves a kernel's first call to
+another check, the compile it paid stays where it was recorded.
 
 What a replay cannot know: a run stopped before its end left checks unrecorded; each group gets
 the checks the largest group of its kind has, at the mean of its own recorded ones (a guess, so
@@ -35,9 +40,15 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "self" / "grading")]
 
 from test_scheduler import Worker, fake_config  # noqa: E402  (the fake xdist worker)
 
+from fa2_sandbox.wire import outcomes as reply_outcomes  # noqa: E402
 from grading import scheduler as scheduling  # noqa: E402
 from grading import tracks  # noqa: E402
 from grading.check import CheckIdentity  # noqa: E402
+from grading.matrix import flash_cases  # noqa: E402
+
+# "<slot>-<case id>" -> the GPU matrix's case, as a check's parameters name it: a replayed check gets
+# its case's size and kernel, which the scheduler's promotions and splits read.
+GPU_CASES = {f"{slot}-{case.id}": case for slot in ("triton", "pytorch") for _, case in flash_cases(slot, True)}
 
 
 def recorded_groups(run: Path) -> tuple[dict, dict]:
@@ -78,8 +89,21 @@ def recorded_identity(nodeid: str) -> CheckIdentity:
     test, _, group = nodeid.rpartition("@")
     params = test[test.index("[") + 1:test.rindex("]")] if "[" in test else ""
     case = f"-{params}-".replace(f"-{submission_of(group)}-", "-", 1).strip("-")
+    flash_case = GPU_CASES.get(case)
     return CheckIdentity(check_id=test, submission=submission_of(group), track=tracks.Track(track_name(group)),
-                         case=case)
+                         case=case, case_size=flash_case.work if flash_case else None,
+                         kernel=flash_case.kernel if flash_case else "")
+
+
+def recorded_outcomes(run: Path) -> dict:
+    """{test id: outcome} from the run's check files (reports/*/checks/*.json), where it kept them:
+    a replayed timeout or answer tells the scheduler what the controller told it."""
+    found = {}
+    for path in run.glob("reports/*/checks/*.json"):
+        record = json.loads(path.read_text())
+        module, _, test = record.get("check_id", "").partition("::")
+        found[f"{module.replace('.', '/')}.py::{test}"] = record.get("outcome")
+    return found
 
 
 def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) -> None:
@@ -91,13 +115,20 @@ def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) ->
                 seconds[nodeid] = timeout_s if k == 0 else 0.0
 
 
-def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0) -> tuple:
-    """(the run's end, steals) with the groups collected in `order`."""
+def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0,
+           outcomes: dict | None = None) -> tuple:
+    """(the run's end, steals, the scheduler's promotion and split lines) with the groups collected in
+    `order`. The scheduler's clock is the
+    replay's: a check that runs long promotes its submission and splits its tracks as in the run;
+    `outcomes` ({test id: outcome}, recorded_outcomes) says which checks timed out or answered."""
     keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
                                               if track_name(g).startswith(kind)), len(order)))
     collection = [nodeid for group in keys for nodeid in groups[group]]
+    clock = [0.0]
     sched = scheduling.GradingScheduling(fake_config(workers),
-                                         identities={nodeid: recorded_identity(nodeid) for nodeid in collection})
+                                         identities={nodeid: recorded_identity(nodeid) for nodeid in collection},
+                                         clock=lambda: clock[0], flash_timeout_s=300.0)
+    outcomes = outcomes or {}
     nodes = [Worker(n, []) for n in range(workers)]
     for node in nodes:
         sched.add_node(node)
@@ -120,12 +151,19 @@ def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s
             if node.until is None and node.queue and (len(node.queue) >= 2 or node.shutting_down):
                 node.took = took(node, collection[node.queue[0]])
                 node.until = now + node.took
+                sched.started(collection[node.queue[0]])
         busy = [node for node in nodes if node.until is not None]
         if not busy:
-            return now, len(sched.steals)
+            return now, len(sched.steals), sched.promotions
         node = min(busy, key=lambda n: n.until)
         index, duration = node.queue.pop(0), node.took
         now, node.until = node.until, None
+        clock[0] = now
+        outcome = outcomes.get(collection[index].rsplit("@", 1)[0])
+        if outcome == reply_outcomes.TIMEOUT:
+            sched.timed_out(collection[index])
+        elif outcome in (reply_outcomes.PASSED, reply_outcomes.FAILED):
+            sched.answered(collection[index], duration)
         sched.mark_test_complete(node, index, duration)
         if sched.tests_finished:
             for other in sched.nodes:
@@ -149,10 +187,10 @@ def main() -> int:
         groups, seconds = recorded_groups(run)
         for name in args.timed_out:
             timed_out(groups, seconds, name, args.timeout)
-        work = sum(seconds.values())
+        work, outcomes = sum(seconds.values()), recorded_outcomes(run)
         for order in orders:
             with contextlib.redirect_stderr(io.StringIO()):  # the scheduler's log lines
-                end, steals = replay(groups, seconds, order, args.workers, args.start)
+                end, steals, _ = replay(groups, seconds, order, args.workers, args.start, outcomes)
             print(f"| {run.name} | {work:.0f} | {work / args.workers:.0f} | {','.join(order)} | {end:.0f} | {steals} |")
     return 0
 
