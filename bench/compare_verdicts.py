@@ -10,12 +10,15 @@ on them. Timing checks (advice, measured on a shared GPU) are listed apart: thei
 move from run to run. Exits 1 if any other check differs.
 
 `--checks` reads the check files instead (DIR/<submission>/checks/*.json, written as each check
-ends), so that runs stopped at a limit compare too, on the checks both recorded, of the
+ends), or a run's verdicts kept in a file (`--keep REPORTS FILE.json.gz` writes one; bench/grade_speed.py
+keeps each run's as verdicts.json.gz beside its speed.json, so that a later session compares against a
+run whose reports are gone), so that runs stopped at a limit compare too, on the checks both recorded, of the
 submissions B graded. It counts requirement and advice checks apart, and an advice check that one
 run's --time-limit cut (grading/time_limit.py) apart from one that answered differently; it lists
 every requirement check that differs and every advice check that differs for another reason, and
 exits 1 if a requirement check differs.
 """
+import gzip
 import json
 import sys
 from collections import Counter
@@ -44,7 +47,10 @@ def differences(a: dict, b: dict) -> dict:
 
 
 def check_records(reports: Path) -> dict:
-    """check name -> its record (grading/results/record.py), from the check files."""
+    """check name -> its record (grading/results/record.py), from the check files; or, from a file of
+    kept verdicts, the part of each record compare_checks reads."""
+    if reports.is_file():
+        return json.loads(gzip.decompress(reports.read_bytes()))
     found = {}
     for path in reports.glob("*/checks/*.json"):
         try:
@@ -53,6 +59,16 @@ def check_records(reports: Path) -> dict:
             continue
         found[record["name"]] = record
     return found
+
+
+def keep(reports: Path, path: Path) -> int:
+    """Write the verdicts of the check files under `reports` to `path` (gzipped JSON): each check's
+    submission, outcome and kind, and whether a time limit cut it. A class run's are about 40 kB."""
+    kept = {name: {"submission": r["submission"], "outcome": r["outcome"], "advice": bool(r.get("advice")),
+                   "output": CUT if (r.get("output") or "").startswith(CUT) else ""}
+            for name, r in check_records(reports).items()}
+    path.write_bytes(gzip.compress(json.dumps(kept, sort_keys=True).encode(), mtime=0))
+    return len(kept)
 
 
 def compare_checks(a: dict, b: dict) -> tuple[Counter, list]:
@@ -76,6 +92,9 @@ def compare_checks(a: dict, b: dict) -> tuple[Counter, list]:
 
 def main() -> int:
     args = sys.argv[1:]
+    if args and args[0] == "--keep":
+        print(f"{keep(Path(args[1]), Path(args[2]))} checks' verdicts kept in {args[2]}")
+        return 0
     if args and args[0] == "--checks":
         a, b = check_records(Path(args[1])), check_records(Path(args[2]))
         counts, lines = compare_checks(a, b)

@@ -13,7 +13,7 @@ On the device the grader needs its own dependencies first: the GPU image lacks p
 carry its wheels (pydantic, pydantic_core, annotated_types, typing_inspection in .whl/) and run
 `python3 -m pip install -q --no-index --no-deps .whl/*.whl && python3 -m pip install -q --no-deps
 --no-build-isolation -e .` before this script (the editable install registers the pytest plugin).
-A call returns only a few files from $OUT: tar the runs' speed.json, timeline.json and pytest.log.
+A call returns only a few files from $OUT: tar the runs' speed.json, verdicts.json.gz, timeline.json and pytest.log.
 
 `single` grades the bundled reference submission alone (the full default rubric, `-n WORKERS`:
 on a GPU its checks spread over the workers in tracks, grading/tracks.py);
@@ -53,6 +53,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
+from bench import compare_verdicts  # noqa: E402
 from bench.cpu_account import account, print_account, print_comparison  # noqa: E402
 from bench.utilization import Utilization  # noqa: E402
 from fa2_sandbox.wire.outcomes import CRASH, GRADER_ERROR, IMPORT_ERROR  # noqa: E402
@@ -312,6 +313,7 @@ def main() -> int:
     result["label"] = args.label or grader.name
     result["gpus"] = gpu_names()
     (args.out / "speed.json").write_text(json.dumps(result, indent=1))
+    compare_verdicts.keep(args.out / "reports", args.out / "verdicts.json.gz")  # for later sessions' comparisons
     print_table([args.out])
     return 0
 

@@ -2,7 +2,7 @@
 an advice check a time limit cut apart from one that answered differently."""
 import json
 
-from bench.compare_verdicts import CUT, check_records, compare_checks, main
+from bench.compare_verdicts import CUT, check_records, compare_checks, keep, main
 
 
 def record(name, outcome, advice=False, output="", submission="alice"):
@@ -42,3 +42,18 @@ def test_a_requirement_that_moved_fails_the_comparison(tmp_path, monkeypatch):
     assert main() == 0
     monkeypatch.setattr("sys.argv", ["compare_verdicts.py", "--checks", str(a), str(moved)])
     assert main() == 1
+
+
+def test_kept_verdicts_compare_as_the_check_files_they_came_from(tmp_path):
+    """A run's reports go with its device call; the verdicts kept beside its speed.json are enough to
+    compare a later run against it, cuts and kinds included."""
+    a = reports(tmp_path / "a", [record("forward[x]", "passed"), record("backward[x]", "failed", output="dq is wrong"),
+                                 record("forward[odd]", "timeout", advice=True, output=CUT + " of 300 s was spent")])
+    b = reports(tmp_path / "b", [record("forward[x]", "failed"), record("backward[x]", "failed"),
+                                 record("forward[odd]", "passed", advice=True)])
+    assert keep(a, tmp_path / "a.json.gz") == 3
+    kept, files = (compare_checks(check_records(x), check_records(b)) for x in (tmp_path / "a.json.gz", a))
+    assert kept[0] == files[0] == {"requirement": 2, "advice": 1, "requirement differ (answered)": 1,
+                                   "advice differ (cut by a time limit)": 1}
+    assert [line.split("\n")[0] for line in kept[1]] == [line.split("\n")[0] for line in files[1]] == [
+        "requirement: alice::forward[x]: passed -> failed"]
