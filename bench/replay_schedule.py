@@ -10,8 +10,8 @@ side: a worker holds its next test back, the first two of its queue are never st
 pays a runner start (--start, 8 s by default: about a class run's median) on its first check of a group.
 The scheduler runs on the replay's clock, and hears of each check's timeout or answer as the controller
 told it (the run's check files, where kept): a Triton check that runs long promotes its submission and
-splits its tracks as in the run (the tail of 2026-12-06's run came back: kbjiang promoted at 320 s, the
-run's at 355 s). A check's time stays with its id, though: where a split moves a kernel's first call to
+splits its tracks as in the run (a recorded run's tail comes back: notes/grading-speed.md, "the
+reference's slow stretches: a thread waiting for a core"). A check's time stays with its id, though: where a split moves a kernel's first call to
 another check, the compile it paid stays where it was recorded.
 
 What a replay cannot know: a run stopped before its end left checks unrecorded; each group gets

@@ -20,6 +20,7 @@ import select
 import signal
 import threading
 import time
+from typing import NamedTuple
 
 from fa2_sandbox.harness import confinement
 
@@ -90,19 +91,60 @@ def signal_runner(identity: dict, sig: int) -> None:
             pass
 
 
-# How far a timing window raises the processes it times above the others (nice -10 against 0:
-# about ten times the CPU share of each other process, CFS's weights 9548 against 1024).
-TIMED_NICE = -10
+# How a timing window puts the threads it times ahead of the others: round-robin real time at the
+# lowest priority, so no thread of the ordinary class holds a core that one of them wants. nice alone
+# (TIMED_NICE, about ten times the CPU share of each other process) still let a launching thread wait
+# out another's slice: in a class run, most of the reference's slow stretches had launches that took
+# far longer than their CPU time ("a thread waiting for a core"), and on a busy CPU launch-like bursts
+# at that nice overran their CPU time several times in every few dozen stretches, under SCHED_RR never
+# (notes/grading-speed.md, "the reference's slow stretches: a thread waiting for a core").
+# SCHED_RESET_ON_FORK: what a timed thread starts in the window is an ordinary thread, so a submission
+# cannot spread real-time threads; the kernel's real-time throttling (sched_rt_runtime_us) leaves the
+# ordinary class a share of every core all the same, and a window lasts seconds (timed_window.WINDOW_S).
+TIMED_POLICY = os.SCHED_RR | os.SCHED_RESET_ON_FORK
+TIMED_NICE = -10  # where real time is refused (a grader that is not root, a container without it)
+
+
+class Raised(NamedTuple):
+    threads: int  # raised at all
+    real_time: int  # of them, under TIMED_POLICY (the others at TIMED_NICE)
+
+
+def _raise(tid: int) -> "tuple | None":
+    """Put thread `tid` ahead of the others; (its policy, priority and nice before, whether it runs in
+    real time now), or None if it could not be raised (ended meanwhile, or not ours to raise)."""
+    try:
+        before = (os.sched_getscheduler(tid), os.sched_getparam(tid), os.getpriority(os.PRIO_PROCESS, tid))
+    except OSError:
+        return None
+    try:
+        os.sched_setscheduler(tid, TIMED_POLICY, os.sched_param(1))
+        return (*before, True)
+    except OSError:
+        pass
+    try:
+        os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
+        return (*before, False)
+    except OSError:
+        return None
+
+
+def _put_back(tid: int, policy: int, param, nice: int) -> None:
+    try:
+        os.sched_setscheduler(tid, policy, param)
+        os.setpriority(os.PRIO_PROCESS, tid, nice)
+    except OSError:
+        pass
 
 
 @contextlib.contextmanager
 def ahead_of_the_others(pids: list):
-    """For the block, every thread of the processes `pids` runs at TIMED_NICE; yields how many
-    threads were raised (0 where this user may not raise them: only root may). A timing window
-    pauses the other runners' GPU calls, not their CPU work: with a runner per core keeping every
-    core busy, a timed runner that waited for a core between two launches read several times its
-    own time, while SDPA, timed on the GPU by events, read its idle time (notes/grading-speed.md,
-    "Ratios, the Triton budget")."""
+    """For the block, every thread of the processes `pids` runs ahead of the others (TIMED_POLICY, or
+    TIMED_NICE where real time is refused); yields how many threads were raised (Raised: none where
+    this user may raise none, as only root may). A timing window pauses the other runners' GPU calls,
+    not their CPU work: with a runner per core keeping every core busy, a timed runner that waited for
+    a core between two launches read several times its own time, while SDPA, timed on the GPU by
+    events, read its idle time (notes/grading-speed.md, "Ratios, the Triton budget")."""
     before = {}
     for pid in pids:
         try:
@@ -110,20 +152,13 @@ def ahead_of_the_others(pids: list):
         except OSError:
             continue
         for tid in threads:
-            try:
-                old = os.getpriority(os.PRIO_PROCESS, tid)
-                os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
+            if (old := _raise(tid)) is not None:
                 before[tid] = old
-            except OSError:  # ended meanwhile, or not ours to raise
-                pass
     try:
-        yield len(before)
+        yield Raised(len(before), sum(1 for old in before.values() if old[3]))
     finally:
-        for tid, old in before.items():
-            try:
-                os.setpriority(os.PRIO_PROCESS, tid, old)
-            except OSError:
-                pass
+        for tid, (policy, param, nice, _) in before.items():
+            _put_back(tid, policy, param, nice)
 
 
 class Watchdog:

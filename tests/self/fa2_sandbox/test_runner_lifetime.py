@@ -54,21 +54,52 @@ def test_runner_dies_with_its_grader():
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
 def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
     """A timing window raises the processes it times (watchdog.ahead_of_the_others) and puts them
-    back after: every thread of every process of the runner, not its first thread alone."""
+    back after: every thread of every process of the runner, not its first thread alone, in real time
+    where the kernel grants it (else at TIMED_NICE); and a thread one of them starts in the window is
+    an ordinary one (test_what_a_raised_thread_starts_is_ordinary)."""
     from fa2_sandbox.harness.client import SubmissionRunner
     from fa2_sandbox.harness.discover import load_submission
     from fa2_sandbox.harness.watchdog import TIMED_NICE, ahead_of_the_others, runner_pids
 
-    def nices(identity):
-        return {os.getpriority(os.PRIO_PROCESS, int(tid))
-                for pid in runner_pids(identity) for tid in os.listdir(f"/proc/{pid}/task")}
+    def threads(identity):
+        return [int(tid) for pid in runner_pids(identity) for tid in os.listdir(f"/proc/{pid}/task")]
+
+    def how(identity):
+        return {(os.sched_getscheduler(tid) & ~os.SCHED_RESET_ON_FORK, os.getpriority(os.PRIO_PROCESS, tid))
+                for tid in threads(identity)}
 
     runner = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
     try:
         identity = runner.identity()
-        before = nices(identity)
+        before = how(identity)
         with ahead_of_the_others(runner_pids(identity)) as raised:
-            assert raised > 1 and nices(identity) == {TIMED_NICE}  # torch's threads too
-        assert nices(identity) == before != {TIMED_NICE}
+            assert raised.threads > 1 and raised.threads == len(threads(identity))  # torch's threads too
+            during = how(identity)
+            if raised.real_time:
+                assert raised.real_time == raised.threads and {policy for policy, _ in during} == {os.SCHED_RR}
+            else:
+                assert {nice for _, nice in during} == {TIMED_NICE}
+        assert how(identity) == before and all(policy == os.SCHED_OTHER for policy, _ in before)
     finally:
         runner.close()
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
+def test_what_a_raised_thread_starts_is_ordinary():
+    """SCHED_RESET_ON_FORK: a thread or a process that a thread raised into real time starts is of the
+    ordinary class, so a submission timed in a window cannot leave real-time threads behind it."""
+    import threading
+
+    from fa2_sandbox.harness.watchdog import ahead_of_the_others
+    with ahead_of_the_others([os.getpid()]) as raised:
+        if not raised.real_time:
+            pytest.skip("this kernel or container grants no real-time policy")
+        assert os.sched_getscheduler(0) & ~os.SCHED_RESET_ON_FORK == os.SCHED_RR
+        child = subprocess.run([sys.executable, "-c", "import os; print(os.sched_getscheduler(0))"],
+                               capture_output=True, text=True, check=True)
+        started = []
+        thread = threading.Thread(target=lambda: started.append(os.sched_getscheduler(0)))
+        thread.start()
+        thread.join()
+    assert int(child.stdout) == os.SCHED_OTHER and started == [os.SCHED_OTHER]
+    assert os.sched_getscheduler(0) == os.SCHED_OTHER
+
+
