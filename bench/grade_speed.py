@@ -450,8 +450,11 @@ def print_phases(r: dict) -> None:
               f"{waits[len(waits) // 2]:.1f}, 95th percentile {p95:.1f}, max {waits[-1]:.1f}; all: "
               + " ".join(f"{w:.1f}" for w in waits))
         for name, w in sorted(windows.items()):
+            raised = (f", {w['real_time_threads']:g} of {w.get('raised_threads', 0):g} timed threads in real time"
+                      if "real_time_threads" in w else "")  # watchdog.ahead_of_the_others
             print(f"    {name}: waited {w.get('waited_s')} s, in flight {w.get('in_flight_s')} s, "
-                  f"paused {w.get('paused')} runners for {w.get('held_s')} s, measured {w.get('measured_s')} s")
+                  f"paused {w.get('paused')} runners for {w.get('held_s')} s, measured {w.get('measured_s')} s"
+                  + raised)
 
 
 def print_timing(results: list) -> None:
