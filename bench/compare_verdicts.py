@@ -63,7 +63,7 @@ def check_records(reports: Path) -> dict:
 
 def keep(reports: Path, path: Path) -> int:
     """Write the verdicts of the check files under `reports` to `path` (gzipped JSON): each check's
-    submission, outcome and kind, and whether a time limit cut it. A class run's are about 40 kB."""
+    submission, outcome and kind, and whether a time limit cut it: a class run's fit in a few tens of kB."""
     kept = {name: {"submission": r["submission"], "outcome": r["outcome"], "advice": bool(r.get("advice")),
                    "output": CUT if (r.get("output") or "").startswith(CUT) else ""}
             for name, r in check_records(reports).items()}
