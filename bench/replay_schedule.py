@@ -11,8 +11,9 @@ pays a runner start (--start, 8 s by default: about a class run's median) on its
 The scheduler runs on the replay's clock, and hears of each check's timeout or answer as the controller
 told it (the run's check files, where kept): a Triton check that runs long promotes its submission and
 splits its tracks as in the run (a recorded run's tail comes back: notes/grading-speed.md, "the
-reference's slow stretches: a thread waiting for a core"). A check's time stays with its id, though: where a split moves a kernel's first call to
-another check, the compile it paid stays where it was recorded.
+reference's slow stretches: a thread waiting for a core"). A check's time stays with its id, though:
+where a split moves a kernel's first call to another check, the compile it paid stays where it was
+recorded.
 
 What a replay cannot know: a run stopped before its end left checks unrecorded; each group gets
 the checks the largest group of its kind has, at the mean of its own recorded ones (a guess, so
