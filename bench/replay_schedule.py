@@ -41,6 +41,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "self" / "grading")]
 
 from test_scheduler import Worker, fake_config  # noqa: E402  (the fake xdist worker)
 
+from bench.compare_verdicts import check_records  # noqa: E402
 from fa2_sandbox.wire import outcomes as reply_outcomes  # noqa: E402
 from grading import scheduler as scheduling  # noqa: E402
 from grading import tracks  # noqa: E402
@@ -100,8 +101,7 @@ def recorded_outcomes(run: Path) -> dict:
     """{test id: outcome} from the run's check files (reports/*/checks/*.json), where it kept them:
     a replayed timeout or answer tells the scheduler what the controller told it."""
     found = {}
-    for path in run.glob("reports/*/checks/*.json"):
-        record = json.loads(path.read_text())
+    for record in check_records(run / "reports").values():
         module, _, test = record.get("check_id", "").partition("::")
         found[f"{module.replace('.', '/')}.py::{test}"] = record.get("outcome")
     return found
@@ -119,9 +119,9 @@ def timed_out(groups: dict, seconds: dict, submission: str, timeout_s: float) ->
 def replay(groups: dict, seconds: dict, order: tuple, workers: int = 16, start_s: float = 8.0,
            outcomes: dict | None = None) -> tuple:
     """(the run's end, steals, the scheduler's promotion and split lines) with the groups collected in
-    `order`. The scheduler's clock is the
-    replay's: a check that runs long promotes its submission and splits its tracks as in the run;
-    `outcomes` ({test id: outcome}, recorded_outcomes) says which checks timed out or answered."""
+    `order`. The scheduler's clock is the replay's: a check that runs long promotes its submission and
+    splits its tracks as in the run; `outcomes` ({test id: outcome}, recorded_outcomes) says which
+    checks timed out or answered."""
     keys = sorted(groups, key=lambda g: next((i for i, kind in enumerate(order)
                                               if track_name(g).startswith(kind)), len(order)))
     collection = [nodeid for group in keys for nodeid in groups[group]]

@@ -110,29 +110,37 @@ class Raised(NamedTuple):
     real_time: int  # of them, under TIMED_POLICY (the others at TIMED_NICE)
 
 
-def _raise(tid: int) -> "tuple | None":
-    """Put thread `tid` ahead of the others; (its policy, priority and nice before, whether it runs in
-    real time now), or None if it could not be raised (ended meanwhile, or not ours to raise)."""
+class Before(NamedTuple):
+    """A raised thread's place before, to put it back, and whether it was raised into real time."""
+    policy: int
+    param: os.sched_param
+    nice: int
+    real_time: bool
+
+
+def _raise(tid: int) -> "Before | None":
+    """Put thread `tid` ahead of the others; None if it could not be raised (ended meanwhile, or not
+    ours to raise)."""
     try:
-        before = (os.sched_getscheduler(tid), os.sched_getparam(tid), os.getpriority(os.PRIO_PROCESS, tid))
+        policy, param, nice = os.sched_getscheduler(tid), os.sched_getparam(tid), os.getpriority(os.PRIO_PROCESS, tid)
     except OSError:
         return None
     try:
         os.sched_setscheduler(tid, TIMED_POLICY, os.sched_param(1))
-        return (*before, True)
+        return Before(policy, param, nice, True)
     except OSError:
         pass
     try:
         os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
-        return (*before, False)
+        return Before(policy, param, nice, False)
     except OSError:
         return None
 
 
-def _put_back(tid: int, policy: int, param, nice: int) -> None:
+def _put_back(tid: int, before: Before) -> None:
     try:
-        os.sched_setscheduler(tid, policy, param)
-        os.setpriority(os.PRIO_PROCESS, tid, nice)
+        os.sched_setscheduler(tid, before.policy, before.param)
+        os.setpriority(os.PRIO_PROCESS, tid, before.nice)
     except OSError:
         pass
 
@@ -155,10 +163,10 @@ def ahead_of_the_others(pids: list):
             if (old := _raise(tid)) is not None:
                 before[tid] = old
     try:
-        yield Raised(len(before), sum(1 for old in before.values() if old[3]))
+        yield Raised(len(before), sum(1 for old in before.values() if old.real_time))
     finally:
-        for tid, (policy, param, nice, _) in before.items():
-            _put_back(tid, policy, param, nice)
+        for tid, old in before.items():
+            _put_back(tid, old)
 
 
 class Watchdog:

@@ -82,6 +82,8 @@ def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
         assert how(identity) == before and all(policy == os.SCHED_OTHER for policy, _ in before)
     finally:
         runner.close()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
 def test_what_a_raised_thread_starts_is_ordinary():
     """SCHED_RESET_ON_FORK: a thread or a process that a thread raised into real time starts is of the
