@@ -35,6 +35,12 @@ and holds the next one back until it has another or a shutdown. So a worker is i
 2 tests queued, the first 2 of a worker's queue are never stolen, and an idle worker that has a test
 and finds nothing worth stealing is shut down, or its last test would never run. A worker that was
 never given a test holds none back: it waits, free, for a track to prove slow.
+
+A worker gets its next unit only when it is about to be idle (one test left, the one it holds back),
+not while it still runs one (loadscope's mark, two left): a unit bound behind a long check waits for
+it, and a slow submission's d128 part, bound to a worker that then ran a check of minutes, began
+minutes after the others and ended the class (notes/grading-speed.md, "the class to its own end on
+one H100"). Binding it late costs a message's round trip per unit.
 """
 import time
 from collections import Counter
@@ -194,7 +200,7 @@ class GradingScheduling(LoadGroupScheduling):
     def _reschedule(self, node) -> None:
         if not self.workqueue:  # any completion may show a track to be slow: idle workers look again
             self._share_the_rest()
-        elif not node.shutting_down and self._pending_of(self.assigned_work[node]) <= RUNNING:  # loadscope's mark
+        elif not node.shutting_down and self._pending_of(self.assigned_work[node]) < RUNNING:
             self._assign_work_unit(node)
 
     def _assign_work_unit(self, node) -> None:

@@ -161,6 +161,20 @@ def test_tracks_go_out_in_collection_order():
     assert scheduler.tests_finished and not scheduler.has_pending and not scheduler.steals
 
 
+def test_a_track_goes_to_the_worker_about_to_be_idle_not_to_one_still_running_a_long_check():
+    """x's forward runs 100 s. With the next track bound to its worker while that still ran (two
+    tests left, loadscope's mark), z waited behind it, 121 s in all, while the other worker sat
+    idle from 20 s: nothing of z had completed, so nothing of it could be stolen."""
+    collection = pairs("triton-fp32-full", 1, "x") + pairs("pytorch", 1, "y") + pairs("pytorch", 1, "z")
+    scheduler, nodes, sent = start(collection, 2)
+    took = run(scheduler, nodes, lambda nodeid: 100.0 if "x-case0" in nodeid and "forward" in nodeid
+               else 1.0 if "x-case0" in nodeid else 10.0)
+    assert took == 101.0
+    z = [scheduler.position[nodeid] for nodeid in pairs("pytorch", 1, "z")]
+    assert [node.gateway.id for node in nodes if set(z) <= set(node.ran)] == ["gw1"]
+    ran_once(scheduler, nodes)
+
+
 def test_timing_tracks_are_spread_through_the_queue():
     keys = [(f"s{k}/pytorch", 0) for k in range(8)] + [(f"s{k}/timing-triton", 0) for k in range(4)]
     is_timing = lambda track: "timing" in track  # noqa: E731
@@ -266,16 +280,16 @@ def test_a_triton_check_that_runs_long_moves_its_submissions_triton_tracks_up():
     scheduler, nodes, sent = start(slow_triton_class(), 3)
     took = run(scheduler, nodes, slow_triton_seconds, logstart=True)
     order = tracks_sent(scheduler, sent)
-    # Each of the three workers holds two tracks from the start. At 60 s the memory check still
+    # A worker gets its next track when one check of it is left. At 60 s the memory check still
     # runs: slow's Triton tracks go next, in their own order, before quick5 to quick7's PyTorch tracks.
     assert order[:8] == ["slow/memory-triton"] + [f"quick{k}/pytorch" for k in range(5)] + \
         ["slow/triton-bf16-full", "slow/triton-bf16-causal"]
     assert scheduler.promotions == ["slow: 2 Triton track(s) moved to the head of the queue, since "
                                     "test_no_score_matrix[slow-triton-forward] had run 60 s"]
     ran_once(scheduler, nodes)
-    # without the move, both of slow's Triton tracks wait behind every PyTorch track: 440 s, not 380
+    # without the move, both of slow's Triton tracks wait behind every PyTorch track: 390 s, not 360
     unmoved, nodes, _ = start(slow_triton_class(), 3, promote_after_s=1e9)
-    assert (took, run(unmoved, nodes, slow_triton_seconds, logstart=True)) == (380.0, 440.0)
+    assert (took, run(unmoved, nodes, slow_triton_seconds, logstart=True)) == (360.0, 390.0)
     assert not unmoved.promotions
 
 
@@ -289,7 +303,7 @@ def test_only_the_triton_slot_running_long_moves_tracks():
     assert not scheduler.promotions and not scheduler.slow
     assert tracks_sent(scheduler, sent)[-1] == "compiled/triton-bf16-full"
 
-    scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=1.0)
+    scheduler, nodes, sent = start(slow_triton_class(), 3, promote_after_s=10.0)
     run(scheduler, nodes, slow_triton_seconds, logstart=True)
     assert len(scheduler.promotions) == 1 and scheduler.slow == {"slow"}
 
