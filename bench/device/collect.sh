@@ -1,4 +1,6 @@
-# usage: bash bench/device/collect.sh NAME WAIT: wait up to WAIT s for the run, report progress, tar it if done
+# usage: bash bench/device/collect.sh NAME WAIT: wait up to WAIT s for the run, report progress, tar it if done;
+# if not, tar what it has written so far (its reports and timeline.json, no speed.json) as NAME-partial.tgz, so
+# that a last call cut short by the session's device time still brings back the verdicts recorded
 set -u
 name=$1; wait=$2; t0=$(date +%s)
 while [ ! -e /tmp/$name.done ] && [ $(( $(date +%s) - t0 )) -lt $wait ]; do
@@ -13,4 +15,6 @@ if [ -e /tmp/$name.done ]; then
   ls -la $OUT; tail -60 /tmp/$name.out
 else
   echo "$name still running"; tail -5 /tmp/$name.out
+  tar -C /tmp --exclude='*.html' --exclude='*cache*' --exclude='*.png' -czf $OUT/$name-partial.tgz $name $name.out
+  ls -la $OUT
 fi
