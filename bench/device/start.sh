@@ -1,4 +1,4 @@
-# usage: bash bench/device/start.sh NAME GRADER_DIR LIMIT WAIT    (on the device, from the checkout's root)
+# usage: bash bench/device/start.sh NAME GRADER_DIR LIMIT WAIT [SELECT]   (on the device, from the checkout's root)
 # The corpus class (bench/grade_speed.py corpus, as notes/grading-speed.md's runs) on a lent GPU, in
 # a run that may outlast one device call. Copies the grader in GRADER_DIR (`.`, or a worktree of an
 # older revision for a same-machine comparison) and the corpus to /tmp/g_NAME, prints the machine's
@@ -6,9 +6,11 @@
 # starts the run in a session of its own, and waits up to WAIT s for it; a later call's
 # `bash bench/device/collect.sh NAME WAIT` waits on and brings back the same run. The device call
 # carries ["corpus", ".whl"] (and the worktree, if any): the corpus built by bench/grade_corpus.py's
-# notes, the wheels the device's image lacks (pydantic and its parts, einx).
+# notes, the wheels the device's image lacks (pydantic and its parts, einx). SELECT, pytest's -k, grades a
+# part of the rubric ("pytorch or test_timing": the PyTorch tracks and the timing checks), for a call too
+# short for the whole class.
 set -u
-name=$1; src=$2; limit=$3; wait=$4
+name=$1; src=$2; limit=$3; wait=$4; select=${5:-}
 t0=$(date +%s)
 python3 -m pip install -q --no-index --no-deps .whl/*.whl 2>&1 | tail -2
 g=/tmp/g_$name; rm -rf $g; mkdir -p $g
@@ -24,7 +26,7 @@ t = time.time(); subprocess.run(["python3", "-c", "import torch, triton"]); prin
 PY
 nproc; nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 cd $g
-setsid nohup bash -c "python3 bench/grade_speed.py corpus --out /tmp/$name --limit $limit --workers 16 --seed 424242 --fresh-caches --also submissions/examples/triton_backward_python_loop --time-limit 300 --label $name > /tmp/$name.out 2>&1; echo done > /tmp/$name.done" < /dev/null > /dev/null 2>&1 &
+setsid nohup bash -c "python3 bench/grade_speed.py corpus --out /tmp/$name --limit $limit --workers 16 --seed 424242 --fresh-caches --also submissions/examples/triton_backward_python_loop --time-limit 300 --label $name ${select:+-k "$select"} > /tmp/$name.out 2>&1; echo done > /tmp/$name.done" < /dev/null > /dev/null 2>&1 &
 cd - > /dev/null
 echo "started $name at $(date +%T), setup $(( $(date +%s) - t0 )) s"
 bash bench/device/collect.sh $name $(( wait - ($(date +%s) - t0) ))
