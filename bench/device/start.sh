@@ -26,7 +26,7 @@ t = time.time(); subprocess.run(["python3", "-c", "import torch, triton"]); prin
 PY
 nproc; nvidia-smi --query-gpu=name,memory.used,utilization.gpu --format=csv,noheader
 cd $g
-setsid nohup bash -c "python3 bench/grade_speed.py corpus --out /tmp/$name --limit $limit --workers 16 --seed 424242 --fresh-caches --also submissions/examples/triton_backward_python_loop --time-limit 300 --label $name ${select:+-k "$select"} > /tmp/$name.out 2>&1; echo done > /tmp/$name.done" < /dev/null > /dev/null 2>&1 &
+setsid nohup bash -c "python3 bench/grade_speed.py corpus --out /tmp/$name --limit $limit --workers 16 --seed 424242 --fresh-caches --also submissions/examples/triton_backward_python_loop --time-limit 300 --label $name ${select:+-k \"$select\"} > /tmp/$name.out 2>&1; echo done > /tmp/$name.done" < /dev/null > /dev/null 2>&1 &
 cd - > /dev/null
 echo "started $name at $(date +%T), setup $(( $(date +%s) - t0 )) s"
 bash bench/device/collect.sh $name $(( wait - ($(date +%s) - t0) ))
