@@ -108,6 +108,7 @@ TIMED_NICE = -10  # where real time is refused (a grader that is not root, a con
 class Raised(NamedTuple):
     threads: int  # raised at all
     real_time: int  # of them, under TIMED_POLICY (the others at TIMED_NICE)
+    refused: str = ""  # why real time was refused, the first such error: "" where none was
 
 
 class Before(NamedTuple):
@@ -118,9 +119,9 @@ class Before(NamedTuple):
     real_time: bool
 
 
-def _raise(tid: int) -> "Before | None":
+def _raise(tid: int, refusals: list) -> "Before | None":
     """Put thread `tid` ahead of the others; None if it could not be raised (ended meanwhile, or not
-    ours to raise)."""
+    ours to raise). Why real time was refused goes into `refusals`."""
     try:
         policy, param, nice = os.sched_getscheduler(tid), os.sched_getparam(tid), os.getpriority(os.PRIO_PROCESS, tid)
     except OSError:
@@ -128,8 +129,8 @@ def _raise(tid: int) -> "Before | None":
     try:
         os.sched_setscheduler(tid, TIMED_POLICY, os.sched_param(1))
         return Before(policy, param, nice, True)
-    except OSError:
-        pass
+    except OSError as exc:  # a device's every window fell back to nice, cause unknown: now it is recorded
+        refusals.append(str(exc))
     try:
         os.setpriority(os.PRIO_PROCESS, tid, TIMED_NICE)
         return Before(policy, param, nice, False)
@@ -138,8 +139,14 @@ def _raise(tid: int) -> "Before | None":
 
 
 def _put_back(tid: int, before: Before) -> None:
+    """Each part on its own: a thread left at TIMED_NICE because its policy could not be set back
+    would stay ahead of the others after the window."""
+    if before.real_time:
+        try:
+            os.sched_setscheduler(tid, before.policy, before.param)
+        except OSError:
+            pass
     try:
-        os.sched_setscheduler(tid, before.policy, before.param)
         os.setpriority(os.PRIO_PROCESS, tid, before.nice)
     except OSError:
         pass
@@ -153,17 +160,17 @@ def ahead_of_the_others(pids: list):
     not their CPU work: with a runner per core keeping every core busy, a timed runner that waited for
     a core between two launches read several times its own time, while SDPA, timed on the GPU by
     events, read its idle time (notes/grading-speed.md, "Ratios, the Triton budget")."""
-    before = {}
+    before, refusals = {}, []
     for pid in pids:
         try:
             threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
         except OSError:
             continue
         for tid in threads:
-            if (old := _raise(tid)) is not None:
+            if (old := _raise(tid, refusals)) is not None:
                 before[tid] = old
     try:
-        yield Raised(len(before), sum(1 for old in before.values() if old.real_time))
+        yield Raised(len(before), sum(1 for old in before.values() if old.real_time), next(iter(refusals), ""))
     finally:
         for tid, old in before.items():
             _put_back(tid, old)

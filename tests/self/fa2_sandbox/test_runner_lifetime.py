@@ -105,3 +105,19 @@ def test_what_a_raised_thread_starts_is_ordinary():
     assert os.sched_getscheduler(0) == os.SCHED_OTHER
 
 
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
+def test_a_refused_real_time_says_why_and_falls_back_to_nice(monkeypatch):
+    """On the device every window's timed threads fell back to nice, with no word of the cause: the
+    window now records the kernel's refusal."""
+    from fa2_sandbox.harness import watchdog
+
+    def refuse(tid, policy, param):
+        raise PermissionError(1, "Operation not permitted")
+
+    monkeypatch.setattr(watchdog.os, "sched_setscheduler", refuse)
+    with watchdog.ahead_of_the_others([os.getpid()]) as raised:
+        assert os.getpriority(os.PRIO_PROCESS, 0) == watchdog.TIMED_NICE
+    assert raised.threads >= 1 and raised.real_time == 0 and "Operation not permitted" in raised.refused
+    assert os.getpriority(os.PRIO_PROCESS, 0) == 0
