@@ -56,7 +56,6 @@ WORKER, CONTROLLER, COMPILERS = "grader workers", "grader controller", "compiler
 FORK_SERVER = "fork servers"
 ROLES = (
     (RUNNER, ("fa2_sandbox.runner.serve",)),
-    ("the vector-ISA probe", ("fa2_sandbox.runner.vec_isa",)),  # the controller's one (shared_vec_isa.py)
     (COMPILE_WORKERS, ("compile_worker",)),
     (RANKS, ("multiprocessing", "spawn_main", "torch.distributed")),
     (WORKER, ("execnet", "xdist", "import sys;exec(eval(")),

@@ -24,7 +24,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from fa2_sandbox.harness import shared_probe, shared_vec_isa
+from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.harness.client import runner_memory_limit
 from fa2_sandbox.wire import outcomes
 from grading import protocol, time_limit
@@ -128,7 +128,6 @@ class ControllerPlugin:
         self.durations = Durations()
         self.runner_seen = set()
         self.probe = None  # the isolation probe the workers share (shared_probe.py)
-        self.vec_isa = None  # on a GPU, the file of torch.compile's vector-ISA answers (shared_vec_isa.py)
         self.failures_not_shown = False  # pytest's FAILURES section left to the reports
         self.no_checks = False  # this session collected no check, so it writes nothing
         self.scheduler = None  # under xdist: grading/scheduler.py's, which says what it spread
@@ -165,7 +164,7 @@ class ControllerPlugin:
     def pytest_configure_node(self, node):
         """xdist: every worker draws its inputs from the controller's seed (and, under --time-limit,
         adds to its folder of each submission's time), and takes the sandbox's isolation from one
-        probe the controller runs while they start; on a GPU, torch.compile's vector-ISA answers too."""
+        probe the controller runs while they start."""
         node.workerinput.update(self.state.for_workers())
         if self.probe is None:
             path = Path(tempfile.mkdtemp(prefix="fa2-isolation-")) / "answer.json"
@@ -173,10 +172,6 @@ class ControllerPlugin:
             shared_probe.start(path, tempfile.gettempdir(), limit)
             self.probe = {"path": str(path), "question": shared_probe.question(tempfile.gettempdir(), limit)}
         node.workerinput[protocol.PROBE] = self.probe
-        if self.vec_isa is None and self.state.on_gpu:  # where the PyTorch slot's cases compile on the CPU
-            self.vec_isa = str(Path(tempfile.mkdtemp(prefix="fa2-vec-isa-")) / "answers.json")
-            shared_vec_isa.start(Path(self.vec_isa))
-        node.workerinput[protocol.VEC_ISA] = self.vec_isa
         if self.identities_folder is None:
             self.identities_folder = Path(tempfile.mkdtemp(prefix="fa2-identities-"))
         node.workerinput[protocol.IDENTITIES] = str(self.identities_folder / f"{node.gateway.id}.json")

@@ -19,8 +19,6 @@ Controller -> worker, in workerinput (read with `given`; without workers SEED an
               oracles, and the key of their files' HMAC (grading/checks/shared_oracles.py)
   PROBE       {"path", "question"}: the sandbox's isolation probe, which the controller runs once
               while the workers start (fa2_sandbox/harness/shared_probe.py)
-  VEC_ISA     on a GPU, the file where the controller writes torch.compile's vector-ISA answers, which
-              the runners adopt (fa2_sandbox/harness/shared_vec_isa.py)
   IDENTITIES  the file the worker writes its tests' identities to (below)
 
 Worker -> controller, on a test report's user_properties (`send`, read with `received`):
@@ -49,7 +47,6 @@ SEED = "grading_seed"
 SPENT = "grading_spent"
 ORACLES = "grading_oracles"
 PROBE = "isolation_probe"
-VEC_ISA = "vec_isa_answers"
 IDENTITIES = "grading_identities"
 
 SUBMISSION = "grading_submission"

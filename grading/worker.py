@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from fa2_sandbox import GRADER_PACKAGES, PROJECT_ROOT
-from fa2_sandbox.harness import shared_probe, shared_vec_isa
+from fa2_sandbox.harness import shared_probe
 from fa2_sandbox.wire import outcomes
 from grading import protocol, tracks
 from grading.check import TEST_STATE, TestState, identify, submission_of
@@ -97,8 +97,6 @@ class WorkerPlugin:
         self.collected_sent = False
         if probe := protocol.given(config, protocol.PROBE):  # the controller's (shared_probe.py)
             shared_probe.adopt(Path(probe["path"]), probe["question"])
-        if answers := protocol.given(config, protocol.VEC_ISA):  # the controller's, on a GPU (shared_vec_isa.py)
-            shared_vec_isa.adopt(Path(answers))
 
     def pytest_configure(self, config):
         # Workers tag each test id with its xdist group (its submission's track), which xdist's worker

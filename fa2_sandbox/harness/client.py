@@ -37,7 +37,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from fa2_sandbox.harness import confinement, forked, kernel_cache, shared_vec_isa
+from fa2_sandbox.harness import confinement, forked, kernel_cache
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
@@ -248,7 +248,7 @@ class SubmissionRunner:
         self.channel = Channel(from_runner_r, to_runner_w)
         self.channel.send({"root": str(root), "adapters_file": self.submission.adapters_file,
                            "extra_paths": self.submission.extra_paths, "exchange": str(self.scratch_folder.exchange),
-                           "cpu_profile": bool(CPU_LOG), "vec_isa": shared_vec_isa.answers()})
+                           "cpu_profile": bool(CPU_LOG)})
         self._launched_at = started
 
     def _await_ready(self) -> dict:
