@@ -20,7 +20,7 @@ from pathlib import Path
 # called `torch` or `triton` cannot shadow them.
 import torch
 
-from fa2_sandbox.runner import cpu_profile, distributed_ops, flash_call, input_changes, instruments
+from fa2_sandbox.runner import cpu_profile, distributed_ops, flash_call, input_changes, instruments, parallel_autotune
 from fa2_sandbox.runner.errors import describe, format_traceback, import_failure
 from fa2_sandbox.runner.ranks import RankPool
 from fa2_sandbox.runner.stretch_clock import StretchClock
@@ -430,6 +430,8 @@ def main() -> None:
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
         from fa2_sandbox.runner.triton_interpreter import ensure_bf16
         ensure_bf16(interpreted=True)
+    elif torch.cuda.is_available():
+        parallel_autotune.install()
     root = Path(config["root"])
     adapters_file = root / config["adapters_file"]
     profile = cpu_profile.Profile(str(root)).start() if config.get("cpu_profile") else None
