@@ -53,8 +53,14 @@ print(json.dumps({"seconds": seconds, "best": str(matmul.best_config), "max_erro
 
 def first_call(way: str) -> dict:
     with tempfile.TemporaryDirectory() as cache:
-        env = dict(os.environ, TRITON_CACHE_DIR=cache)
-        out = subprocess.run([sys.executable, "-c", CHILD, way], env=env, capture_output=True, text=True, check=True)
+        script = os.path.join(cache, "first_call.py")  # Triton reads a kernel's source from its file
+        with open(script, "w") as f:
+            f.write(CHILD)
+        env = dict(os.environ, TRITON_CACHE_DIR=os.path.join(cache, "triton"),
+                   PYTHONPATH=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+        out = subprocess.run([sys.executable, script, way], env=env, capture_output=True, text=True)
+        if out.returncode:
+            raise SystemExit(f"{way}: the first call failed:\n{out.stderr[-3000:]}")
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 

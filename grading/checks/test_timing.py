@@ -206,8 +206,7 @@ def measure_budget(c, session, submission, runners, slot, case, budget, timeout,
               "reference_stretches_ms": [round(t, 3) for t in m.reference_ms],
               "reference_own_stretches": m.reference_own, "reference_rounds_before": m.reference_rounds_before,
               "first_ms": m.first_ms, "decided_early": m.decided_early, "stopped_after_s": m.stopped_after_s,
-              "window": {**{k: round(v, 2) for k, v in window.items()},
-                         "steps": {k: round(v, 2) for k, v in m.steps.items()}}}
+              "window": tw.window_record(window, m.steps)}
     c.update(timing=timing)  # kept whatever the verdict: the run's summary adds up the windows
     if m.failed == "student":
         c.settle_reply(m.failure)

@@ -82,6 +82,14 @@ def stretches(passes: int, count: int) -> int:
     return max(1, -(-passes // count))
 
 
+def window_record(window: dict, steps: dict) -> dict:
+    """What a check keeps of its window: the seconds rounded to hundredths, a word (why real time
+    was refused, or None) as it came."""
+    rounded = lambda record: {k: round(v, 2) if isinstance(v, (int, float)) else v  # noqa: E731
+                              for k, v in record.items()}
+    return {**rounded(window), "steps": rounded(steps)}
+
+
 def fastest(values: list) -> float:
     """A side's time: its fastest stretch. What disturbs a stretch in a class run (a paused
     runner's kernel still on the GPU, a launch or a stamp late on a busy CPU) only ever slows it,

@@ -259,3 +259,14 @@ def test_a_warm_up_paused_by_window_after_window_still_ends_at_its_deadline(tmp_
     credited, unbounded = timed()
     assert reply.status == "timeout" and bounded < 3.0
     assert credited.ok and unbounded >= 8.0
+
+
+def test_a_window_record_keeps_why_real_time_was_refused():
+    # every timing check of a class run on a GPU failed as a grader error when the refusal (a
+    # sentence, or None) was rounded with the window's seconds
+    window = {"raised_threads": 18, "real_time_threads": 0, "real_time_refused": "Operation not permitted",
+              "in_flight_s": 0.123456, "measured_s": 1.98765}
+    record = tw.window_record(window, {"student": 0.5555})
+    assert record == {"raised_threads": 18, "real_time_threads": 0, "real_time_refused": "Operation not permitted",
+                      "in_flight_s": 0.12, "measured_s": 1.99, "steps": {"student": 0.56}}
+    assert tw.window_record({**window, "real_time_refused": None}, {})["real_time_refused"] is None
