@@ -269,4 +269,5 @@ def test_a_window_record_keeps_why_real_time_was_refused():
     record = tw.window_record(window, {"student": 0.5555})
     assert record == {"raised_threads": 18, "real_time_threads": 0, "real_time_refused": "Operation not permitted",
                       "in_flight_s": 0.12, "measured_s": 1.99, "steps": {"student": 0.56}}
-    assert tw.window_record({**window, "real_time_refused": None}, {})["real_time_refused"] is None
+    assert tw.window_record({**window, "real_time_refused": None, "early": True}, {}) == {
+        **record, "real_time_refused": None, "early": True, "steps": {}}
