@@ -53,7 +53,8 @@ BUNDLED_SUBMISSIONS = ["submissions/reference", "submissions/slow/tiles16",
                        "submissions/examples/triton_backward_python_loop", "submissions/examples/triton_asserts_cuda"]
 ENV_KEEP = ("PATH", "LANG", "LC_", "TZ", "TERM", "LD_LIBRARY_PATH", "CUDA_", "NVIDIA_", "OMP_", "MKL_",
             "OPENBLAS_", "KMP_", "TRITON_", "TORCH_", "PYTORCH_", "NCCL_", "GLOO_", "TORCHINDUCTOR_",
-            "FLASH_TRITON_")  # the last: the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
+            "FLASH_TRITON_",  # the reference solution's own switches (FLASH_TRITON_AUTOTUNE)
+            "GRADER_AUTOTUNE_SIDE_BY_SIDE")  # 0: autotuned configs compiled one by one (runner/parallel_autotune.py)
 FILE_LIMIT = int(float(os.environ.get("GRADER_FILE_LIMIT_GB", 2)) * (1 << 30))  # one file's size
 NPROC_LIMIT = 4096  # processes + threads of the runner's uid
 

@@ -12,8 +12,10 @@ What the student's code does is unchanged: the same configs are timed the same w
 time, and the same one is chosen. A config that fails to compile here is compiled again by the
 autotuner's own loop, which meets its error and handles it as it always did. Nothing is compiled
 where the autotuner does not time (a result read from Triton's autotuning cache), nor under the
-interpreter (nothing to compile).
+interpreter (nothing to compile). GRADER_AUTOTUNE_SIDE_BY_SIDE=0 in the grader's environment turns
+it off in every runner (scratch.py passes it on), for a class run to compare with.
 """
+import os
 from concurrent.futures import ThreadPoolExecutor
 
 # Compiles at once in one runner. Each holds a compiler's memory, which counts against the
@@ -21,10 +23,13 @@ from concurrent.futures import ThreadPoolExecutor
 # share the cores meanwhile.
 WORKERS = 4
 UNBUILT = "_grader_configs_to_compile"  # set on an Autotuner between its pruning and its first timing
+SWITCH = "GRADER_AUTOTUNE_SIDE_BY_SIDE"
 
 
 def install() -> bool:
-    """Patch Triton's Autotuner; False where this Triton has no AsyncCompileMode."""
+    """Patch Triton's Autotuner; False where this Triton has no AsyncCompileMode, or SWITCH is 0."""
+    if os.environ.get(SWITCH) == "0":
+        return False
     try:
         import triton
         from triton.runtime.autotuner import Autotuner

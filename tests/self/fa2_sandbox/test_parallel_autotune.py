@@ -3,6 +3,10 @@ on Triton's own Autotuner over a stand-in kernel that records how it is called: 
 autotuner times is compiled first with the launch's own arguments, what is timed and chosen is
 unchanged, and nothing is compiled where nothing is timed. That the compiles overlap is Triton's
 AsyncCompileMode, which needs a GPU target to compile for: measured on the GPU, not here."""
+import os
+import subprocess
+import sys
+
 import pytest
 
 triton = pytest.importorskip("triton")
@@ -75,3 +79,20 @@ def test_one_config_is_not_compiled_ahead():
     kernel, tuned = autotuned([16], {})
     tuned.run("x", 7, grid=(1,), warmup=False)
     assert [c[0] for c in kernel.calls] == ["launch"]
+
+
+def test_the_switch_turns_it_off_in_the_runners(tmp_path, monkeypatch):
+    from fa2_sandbox.harness.discover import load_submission
+    from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder
+
+    monkeypatch.setenv(parallel_autotune.SWITCH, "0")
+    folder = ScratchFolder(load_submission(PROJECT_ROOT / "submissions" / "reference"), uid=None)
+    env = folder.runner_env({"network": False}, {})
+    folder.remove()
+    assert env[parallel_autotune.SWITCH] == "0"
+    check = ("from triton.runtime.autotuner import Autotuner\n"
+             "from fa2_sandbox.runner import parallel_autotune\n"
+             "before = Autotuner._bench\n"
+             "assert not parallel_autotune.install() and Autotuner._bench is before")
+    subprocess.run([sys.executable, "-c", check], env={**os.environ, **env, "PYTHONPATH": str(PROJECT_ROOT)},
+                   check=True, timeout=120)
