@@ -85,8 +85,10 @@ def stretches(passes: int, count: int) -> int:
 def window_record(window: dict, steps: dict) -> dict:
     """What a check keeps of its window: the seconds rounded to hundredths, anything else (why real
     time was refused, or None; a flag) as it came."""
-    number = lambda v: isinstance(v, (int, float)) and not isinstance(v, bool)  # noqa: E731
-    rounded = lambda record: {k: round(v, 2) if number(v) else v for k, v in record.items()}  # noqa: E731
+    def rounded(record: dict) -> dict:
+        return {k: round(v, 2) if isinstance(v, (int, float)) and not isinstance(v, bool) else v
+                for k, v in record.items()}
+
     return {**rounded(window), "steps": rounded(steps)}
 
 
