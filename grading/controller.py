@@ -291,6 +291,7 @@ class ControllerPlugin:
         if (sent_record := sent.get(protocol.CHECK)) is None:
             if report.failed and report.when != "teardown" and "[" in report.nodeid:
                 self.say(f"{report.nodeid}: failed without a result (worker crash?)")
+            self.tell_autotuned(facts)
             return
         record = CheckRecord.from_json(sent_record)
         # A runner that timed out fails every larger case of its track at once (SubmissionRunner.call):
@@ -301,8 +302,13 @@ class ControllerPlugin:
             self.scheduler.timed_out(report.nodeid)
         if record.outcome in (outcomes.PASSED, outcomes.FAILED) and self.scheduler is not None:
             self.scheduler.answered(report.nodeid, report.duration)
+        self.tell_autotuned(facts)  # after answered: a case answered in time proves the kernels it moves
         store.write_check(self.state.reports, record)
         self.count_done(record.submission)
+
+    def tell_autotuned(self, facts) -> None:
+        if facts and facts.get("autotunes") and self.scheduler is not None:
+            self.scheduler.autotuned(facts["submission"])
 
     def note_runner(self, facts):
         """The runner's facts, into info.json (written here only: the controller owns it)."""

@@ -25,7 +25,8 @@ Worker -> controller, on a test report's user_properties (`send`, read with `rec
   SUBMISSION  the submission the test grades: on every report of a grading test
   COLLECTED   {"items": {submission: [test id]}, "modules": [module], "groups": {test id: rubric
               group}}: what the worker collected, on its first report only
-  RUNNER      the runner's facts for the submission's info.json, when there are new ones
+  RUNNER      the runner's facts for the submission's info.json, when there are new ones, and
+              "autotunes" once its Triton slot autotuned (the scheduler's: GradingScheduling.autotuned)
   CHECK       the check record, CheckRecord.to_json(), on the report that settles the check
 
 Files:

@@ -29,6 +29,15 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
   now split (_split_slow): its cases from the handout's size on into a part of their own, and, once
   a case of that size answered in time, its kernels into a part each, which idle workers compile
   side by side.
+- A Triton slot that autotunes (every new length times each config again) may never run a check
+  for PROMOTE_S before its tracks' turn, and the part of its largest kernel, whose compile is the
+  longest, then ended the class: kbjiang's fp32 d128 part compiled for 288 s from 318 s, 117 s after
+  the rest had finished (notes/grading-speed.md, "the timing fix on a GPU"). Its runner's facts tell
+  the scheduler once it autotuned (autotuned: after its memory check, the first track of all), and
+  the part of each queued Triton track's largest kernel goes to the head of the queue then; the rest
+  of its tracks keep their place. All of such a slot's tracks moved up, whole or in halves, made the
+  light submissions wait and ended the class later (notes/grading-speed.md, "an autotuning Triton
+  slot moved up").
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -50,7 +59,7 @@ from xdist.remote import Producer
 from xdist.scheduler import LoadGroupScheduling
 
 from grading.matrix import GPU_MEMORY_CASE, flash_cases
-from grading.tracks import KINDS
+from grading.tracks import KINDS, TRITON_CASES
 
 TIMING_PER_GPU = 3  # timing tracks in progress at once on one GPU
 STEAL_MIN_S = 30.0  # what a track's queued checks must be expected to take for an idle worker to share them
@@ -124,6 +133,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.slow = set()  # submissions a Triton check has proved slow: moved up once
         self.promotions = []  # the line of each move or split, saying why
         self.proven = {}  # submission -> the largest case its Triton slot answered in time (answered)
+        self.fronted = set()  # submissions whose Triton slot autotunes: their largest kernels sent first, once
 
     def shared_call(self, nodeid: str) -> str:
         """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
@@ -260,7 +270,7 @@ class GradingScheduling(LoadGroupScheduling):
             identity = self.identities.get(nodeid)
             if identity is None or now - began < self.promote_after_s or identity.submission in self.slow:
                 continue
-            if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]):
+            if identity.track.kind not in TRITON_CASES:
                 continue
             self.slow.add(identity.submission)
             moved = [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, identity.submission)]
@@ -299,7 +309,7 @@ class GradingScheduling(LoadGroupScheduling):
             return
         # The memory check's case is no parameter of it: the slot's own at N = 16384.
         size = GPU_MEMORY_CASE.work if identity.track.kind is KINDS["memory-triton"] else identity.case_size
-        if identity.track.kind not in (KINDS["triton"], KINDS["memory-triton"]) or not size:
+        if identity.track.kind not in TRITON_CASES or not size:
             return
         if seconds < self.likely_timeout_s and identity.submission_track not in self.smaller_than:
             self.proven[identity.submission] = max(size, self.proven.get(identity.submission, 0))
@@ -354,6 +364,29 @@ class GradingScheduling(LoadGroupScheduling):
         if any(nodeid not in large and self.shared_call(nodeid) not in calls for nodeid in before):
             groups.append(sorted(large, key=self.case_size))  # stable: a case's checks stay in order
         return groups
+
+    def autotuned(self, submission: str) -> None:
+        """The submission's Triton slot autotuned (the controller hears it from the runner's facts,
+        session.Grading.note_runner): from each of its queued Triton tracks, the part of its largest
+        kernel (_parts_of: no larger than a case it answered in time) goes to the head of the queue."""
+        if submission in self.fronted:
+            return
+        self.fronted.add(submission)
+        proven = self.proven.get(submission, 0)
+        fronted = []
+        for key in [key for key, unit in self.workqueue.items() if self._is_triton_of(unit, submission)]:
+            unit = self.workqueue[key]
+            largest = self._parts_of(key[0], unit, list(unit), proven)[:1]
+            if not largest or max(map(self.case_size, largest[0])) > proven:  # the large cases' group, untried
+                continue
+            for nodeid in largest[0]:
+                del unit[nodeid]
+            fronted += self._new_parts(key[0], largest)
+        for key in reversed(fronted):
+            self.workqueue.move_to_end(key, last=False)
+        if fronted:
+            self._say(f"{submission}: its Triton slot autotunes: its largest kernels to the head of the queue, "
+                      f"{self._describe(fronted)}")
 
     def _split_queued(self, key, proven: int) -> None:
         unit = self.workqueue[key]

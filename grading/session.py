@@ -70,6 +70,7 @@ class WorkerState:
         self._replies = {}  # ((submission name, track), the request as sent) -> (Reply, tensors)
         self._current = None
         self.runner_facts = {}  # submission name -> facts for info.json not yet sent to the controller
+        self.autotuning = set()  # submissions whose Triton slot autotuned in a runner of this process
 
     def _switch_to(self, name: str, track: Track):
         """A worker grades one submission track's checks together (loadgroup): when the next one
@@ -198,6 +199,12 @@ class WorkerState:
         facts.setdefault("runner_logs", {})[track.name] = runner.log_tail()
         # Which confinement held the student's code, for the report to say in words (never silently).
         facts["isolation"] = {"mode": runner.isolation["mode"], "note": runner.isolation["note"][:600]}
+        # Not for info.json: the scheduler's (GradingScheduling.autotuned), which starts an autotuning
+        # slot's largest kernels early. Asked until the answer is yes: a look at the cache's folders.
+        if track.kind in tracks.TRITON_CASES and submission.name not in self.autotuning \
+                and runner.scratch_folder.autotuned():
+            self.autotuning.add(submission.name)
+            facts["autotunes"] = True
 
     def forget(self, name: str):
         """Drop a submission's cached replies and close its runners: a retry starts afresh."""

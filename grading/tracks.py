@@ -72,6 +72,8 @@ KINDS = {
     "": Kind(rank=6),  # the whole submission, one runner: one track (a CPU, one worker)
 }
 HEAVY_FIRST = tuple(kind for kind in KINDS if kind)
+# The kinds whose runners run the Triton slot's flash cases (its timing runner measures one only).
+TRITON_CASES = (KINDS["triton"], KINDS["memory-triton"])
 
 
 def kind_of(name: str) -> str:

@@ -80,6 +80,17 @@ def is_autotuning(relative: str) -> bool:
     return relative.endswith(".autotune.json")
 
 
+def holds_autotuning(cache: Path) -> bool:
+    """Whether a runner's Triton cache holds an autotuning result: one of its kernels autotuned
+    (with TRITON_CACHE_AUTOTUNING=1 the autotuner writes each choice into its kernel's entry)."""
+    try:
+        with os.scandir(cache) as entries:
+            folders = [entry.path for entry in entries if entry.is_dir(follow_symlinks=False)]
+        return any(is_autotuning(name) for folder in folders for name in os.listdir(folder))
+    except OSError:
+        return False
+
+
 def _regular_files(folder: Path):
     """(relative path, size) of the plain files under `folder`, links and special files left out."""
     for directory, dirs, files in os.walk(folder):  # os.walk does not follow links to folders

@@ -232,6 +232,11 @@ class ScratchFolder:
                 self.kernels_from_others += 1
         self.shared = here | arrived
 
+    def autotuned(self) -> bool:
+        """Whether the submission's Triton kernels autotuned in this runner, or in an earlier runner of
+        its track whose choices it brought in: on a GPU only, where autotuning results are kept."""
+        return self.kept_kernels is not None and kernel_cache.holds_autotuning(self.triton_cache)
+
     def remove(self) -> None:
         if self.kept_kernels is not None:
             kernel_cache.take_back(self.triton_cache, self.kept_compiled,

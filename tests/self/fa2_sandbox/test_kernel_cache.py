@@ -53,6 +53,28 @@ def test_compiled_kernels_are_shared_by_a_submissions_tracks_and_autotuning_is_n
     again.remove()
 
 
+def test_a_runner_whose_kernels_autotuned_says_so(tmp_path, monkeypatch):
+    """The scheduler starts an autotuning Triton slot's largest kernels early (GradingScheduling.autotuned):
+    the runner's Triton cache tells, by an autotuning result in an entry's folder; a compiled kernel
+    alone does not, and off the GPU (nothing kept) the answer is no."""
+    monkeypatch.setenv("GRADER_CACHE_DIR", str(tmp_path / "kept"))
+    submission = load_submission(REFERENCE)
+    runner = ScratchFolder(submission, uid=None, kept_kernels=kernel_cache.kept_cache(submission.root, "memory-triton"))
+    (runner.triton_cache / "k1").mkdir()
+    (runner.triton_cache / "k1" / "_attn_fwd.cubin").write_bytes(b"\x7fELF kernel")
+    assert not runner.autotuned()
+    (runner.triton_cache / "t1").mkdir()
+    (runner.triton_cache / "t1" / "_attn_fwd.autotune.json").write_text('{"configs_timings": []}')
+    assert runner.autotuned()
+    runner.remove()
+    assert not kernel_cache.holds_autotuning(runner.triton_cache)  # gone with its folder: no, not an error
+    on_cpu = ScratchFolder(submission, uid=None)
+    (on_cpu.triton_cache / "t1").mkdir()
+    (on_cpu.triton_cache / "t1" / "_attn_fwd.autotune.json").write_text('{"configs_timings": []}')
+    assert not on_cpu.autotuned()
+    on_cpu.remove()
+
+
 def test_a_kernels_index_is_kept_after_its_files(tmp_path, monkeypatch):
     """A runner starting while another takes its kernels back finds a kernel whole or not at all:
     Triton reads a kernel through its index, and one whose files are missing failed to load."""

@@ -386,6 +386,41 @@ def test_a_slow_submissions_largest_kernel_goes_first():
                                     "4 checks of d128, 4 checks of d64, 4 checks of d16"]
 
 
+def test_an_autotuning_submissions_largest_kernels_go_to_the_head_of_the_queue():
+    """Its runner's facts say its Triton slot autotuned (after its memory check answered): the part of
+    each queued Triton track's largest kernel goes to the head of the queue, and the rest of the
+    track keeps its place. Without a case answered in time, nothing moves; a submission moves once."""
+    memory = nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", "tuner")
+    collection = [memory] + [t for k in range(4) for t in pairs("pytorch", 1, f"quick{k}")]
+    collection += kernel_cases("tuner", ["a"], [1000]) + kernel_cases("tuner", ["d64"], [2000])
+    collection += kernel_cases("tuner", ["d128"], [4000])
+    scheduler, nodes, sent = start(collection, 2, flash_timeout_s=300.0)
+    scheduler.autotuned("tuner")  # before any case answered: its kernels are untried
+    assert not scheduler.promotions and list(scheduler.workqueue)[-1] == ("tuner/triton-fp32-full", 0)
+
+    scheduler, nodes, sent = start(collection, 2, flash_timeout_s=300.0)
+    scheduler.answered(memory, 10.0)
+    scheduler.autotuned("tuner")
+    scheduler.autotuned("tuner")
+    assert scheduler.promotions == ["tuner: its Triton slot autotunes: its largest kernels to the head of the "
+                                    "queue, 2 checks of d128"]
+    queue = list(scheduler.workqueue)
+    assert queue[0] == ("tuner/triton-fp32-full", 1) and queue[-1] == ("tuner/triton-fp32-full", 0)
+    assert [scheduler.kernel(n) for n in scheduler.workqueue[queue[-1]]] == ["a", "a", "d64", "d64"]
+    run(scheduler, nodes, lambda nodeid: 10.0)
+    ran_once(scheduler, nodes)
+
+
+def test_the_controller_tells_the_scheduler_of_a_runner_that_autotuned():
+    from grading.controller import ControllerPlugin
+
+    told = []
+    plugin = SimpleNamespace(scheduler=SimpleNamespace(autotuned=told.append))
+    for facts in ({"submission": "alice", "autotunes": True}, {"submission": "bob"}, None):
+        ControllerPlugin.tell_autotuned(plugin, facts)
+    assert told == ["alice"]
+
+
 def test_forward_and_backward_of_a_case_move_together():
     unit = dict.fromkeys(pairs(SLOW, 4), False)
     tests = list(unit)
@@ -507,7 +542,8 @@ def test_a_track_that_timed_out_shares_only_smaller_cases(tmp_path):
 
     scheduler, nodes, sent = start(slow_and_quick(), 2)
     plugin = SimpleNamespace(collected={"alice": set()}, scheduler=scheduler, durations=Durations(),
-                             state=SimpleNamespace(reports=tmp_path), count_done=lambda name: None, clock={})
+                             state=SimpleNamespace(reports=tmp_path), count_done=lambda name: None, clock={},
+                             tell_autotuned=lambda facts: None)
     cut = time_limit.cut_diagnosis(300, 301)
     for outcome, track, case, diagnosis in (("passed", "pytorch", "bf16-113x203-d64-causal", ""),
                                             ("timeout", SLOW, "bf16-17x17-d64-causal", cut),
