@@ -179,6 +179,7 @@ class TestState:
     check: Check | None = None  # what it found, once the `check` fixture made it
     first_error: str | None = None  # the grader's error that made the test run a second time
     errors: list | None = None  # both attempts' grader errors, when the second failed too
+    position: int = 0  # its index in the run's order of checks, the same in every process (time_limit.py)
 
 
 TEST_STATE = pytest.StashKey[TestState]()

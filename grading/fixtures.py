@@ -30,6 +30,6 @@ def check(request, session, submission):
     def make(case=""):
         state.check = Check(submission, state.declared, case, session.rubric)
         session.fail_if_unimportable(state.check, submission)
-        session.cut_if_out_of_time(state.check)
+        session.cut_if_out_of_time(state.check, state.position)
         return state.check
     return make

@@ -31,13 +31,14 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
   side by side.
 - A Triton slot that autotunes (every new length times each config again) may never run a check
   for PROMOTE_S before its tracks' turn, and the part of its largest kernel, whose compile is the
-  longest, then ended the class: kbjiang's fp32 d128 part compiled for 288 s from 318 s, 117 s after
-  the rest had finished (notes/grading-speed.md, "the timing fix on a GPU"). Its runner's facts tell
+  longest, then ended the class: kbjiang's fp32 d128 part compiled for most of the flash timeout,
+  beginning only after its tracks' turn and their promotion, and ended minutes after the rest
+  (notes/grading-speed.md, "the timing fix on a GPU"). Its runner's facts tell
   the scheduler once it autotuned (autotuned: after its memory check, the first track of all), and
   the part of each queued Triton track's largest kernel goes to the head of the queue then; the rest
   of its tracks keep their place. All of such a slot's tracks moved up, whole or in halves, made the
   light submissions wait and ended the class later (notes/grading-speed.md, "an autotuning Triton
-  slot moved up").
+  slot moved up"). Measured: notes/grading-speed.md, "largest kernels first".
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than

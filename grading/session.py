@@ -153,13 +153,14 @@ class WorkerState:
             self.note_runner(submission, track, runner, failure)
             check.settle_reply(failure)
 
-    def cut_if_out_of_time(self, check):
-        """Cut an advice check whose turn comes once its submission's checks have taken more than
-        --time-limit (grading/time_limit.py): it fails and earns nothing, and its points stay in its
-        group. A requirement check is never cut, nor a timing check."""
+    def cut_if_out_of_time(self, check, position: int):
+        """Cut an advice check whose turn comes once its submission's checks before it (`position`, in
+        the run's order of checks) have taken more than --time-limit (grading/time_limit.py): it fails
+        and earns nothing, and its points stay in its group. A requirement check is never cut, nor a
+        timing check."""
         if self.time_limit is None or time_limit.exempt(check.record):
             return
-        spent = self.spent.of(check.record.submission)
+        spent = self.spent.of(check.record.submission, before=position)
         if spent < self.time_limit:
             return
         check.fail(time_limit.cut_diagnosis(self.time_limit, spent), outcome=outcomes.TIMEOUT)

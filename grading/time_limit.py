@@ -9,7 +9,15 @@ append (atomic for a line this short); reading sums the lines. With one worker, 
 xdist, that is the grading's wall clock, as on Gradescope.
 
 Once a submission's time exceeds the limit, an advice check whose turn comes later is cut: it
-fails saying so, earns nothing, and no other group gains its points. A requirement check is
+fails saying so, earns nothing, and no other group gains its points. Only the checks before it in
+the run's order of checks count (the collection's order, which every process shares, and which
+one process runs them in): one process cuts a check once those before it have taken the limit, and
+under xdist a check's fate depends neither on which of its submission's later checks a worker ran
+first nor on how soon. A scheduler that starts a slow kernel's part early (grading/scheduler.py
+autotuned) cut several times as many of kbjiang's advice checks, its PyTorch slot's among them,
+when every check's time counted (notes/grading-speed.md, "largest kernels first"). Under xdist those before it
+count once they have finished, so no check is cut that one process running them in order would
+not cut. A requirement check is
 never cut, nor a timing check: its cost is bounded on its own (the `timing` timeout, then a
 window of at most a few seconds: grading/checks/timed_window.py), and a class's timing should
 be measured for every submission. The time counts only its own submission's checks, though a
@@ -29,19 +37,23 @@ class SpentTime:
     def _file(self, submission: str) -> Path:
         return self.folder / submission  # a submission's name is a folder's: it holds no "/"
 
-    def add(self, submission: str, seconds: float) -> None:
+    def add(self, submission: str, seconds: float, position: int = 0) -> None:
+        """Add a phase's `seconds` of the check at `position` in the run's order of checks."""
         fd = os.open(self._file(submission), os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
         try:
-            os.write(fd, f"{seconds:.3f}\n".encode())
+            os.write(fd, f"{position} {seconds:.3f}\n".encode())
         finally:
             os.close(fd)
 
-    def of(self, submission: str) -> float:
-        """The seconds `submission`'s checks have taken so far, in every process of the run."""
+    def of(self, submission: str, before: int | None = None) -> float:
+        """The seconds `submission`'s checks have taken so far, in every process of the run: of
+        those before position `before` in the run's order of checks, or of all of them."""
         try:
-            return sum(float(line) for line in self._file(submission).read_text().split())
+            lines = self._file(submission).read_text().splitlines()
         except FileNotFoundError:
             return 0.0
+        entries = [line.split() for line in lines]
+        return sum(float(seconds) for position, seconds in entries if before is None or int(position) < before)
 
 
 CUT = "cut: "  # how a cut check's diagnosis begins

@@ -179,6 +179,9 @@ class WorkerPlugin:
         """An xdist worker tells the controller who each test it will run is: xdist's node id ->
         CheckIdentity, in the file the controller named (ControllerPlugin.pytest_configure_node),
         which it reads as this worker's collection comes in."""
+        for position, item in enumerate(session.items):  # sorted and deselected alike in every process
+            if TEST_STATE in item.stash:
+                item.stash[TEST_STATE].position = position
         path = protocol.given(self.config, protocol.IDENTITIES)
         if path is None:
             return
@@ -216,7 +219,7 @@ class WorkerPlugin:
         if name is None:
             return
         if self.state.spent is not None:  # in the process that ran it: its submission's time
-            self.state.spent.add(name, report.duration)
+            self.state.spent.add(name, report.duration, item.stash[TEST_STATE].position)
         sent = [(protocol.SUBMISSION, name)]
         if not self.collected_sent:
             self.collected_sent = True

@@ -51,6 +51,20 @@ def test_the_time_of_a_submission_adds_up_across_processes(tmp_path):
     assert SpentTime(tmp_path).of("carol") == 0.0
 
 
+def test_only_the_checks_before_one_count_for_its_cut(tmp_path):
+    """A check's cut counts the time of its submission's checks before it in the run's order: under
+    xdist a later check that a worker ran first (a slow kernel's part started early) cuts nothing
+    before it, as in one process that runs them in order."""
+    spent = SpentTime(tmp_path)
+    spent.add("alice", 250.0, position=40)  # the d128 part, last in the order, finished first
+    spent.add("alice", 30.0, position=3)
+    spent.add("alice", 1.5, position=3)  # its teardown
+    spent.add("bob", 500.0, position=1)
+    assert spent.of("alice", before=3) == 0.0 and spent.of("alice", before=4) == 31.5
+    assert spent.of("alice", before=41) == spent.of("alice") == 281.5
+    assert spent.of("carol", before=5) == 0.0
+
+
 def test_a_spent_time_limit_cuts_a_slow_submissions_advice_checks_and_only_its_own(tmp_path):
     # The first forward of `slow` sleeps 20 s: its first case alone outlasts the limit of 15 s; the
     # reference's checks take a few seconds in all. Smallest case first: the 17x17 cases (robustness:
