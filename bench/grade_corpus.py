@@ -45,6 +45,16 @@ from fa2_sandbox.wire.outcomes import FAILED, PASSED, SKIPPED  # noqa: E402
 from grading.results.gradescope import STATUS_FAILED, STATUS_PASSED, status_of  # noqa: E402
 
 PARTS = ("flash_pytorch", "flash_triton", "memory", "ddp", "sharded_optimizer", "fsdp")
+# Each official attention test (tests/test_attention.py) and the course-tier check that grades the same
+# thing, as "part::check::full" or "::causal": the course tier is the official tests' cases, so each pair must agree.
+OFFICIAL_CHECKS = {
+    "test_flash_forward_pass_pytorch": "flash_pytorch::forward::full",
+    "test_flash_backward_pytorch": "flash_pytorch::backward::full",
+    "test_flash_forward_pass_triton[False]": "flash_triton::forward::full",
+    "test_flash_forward_pass_triton[True]": "flash_triton::forward::causal",
+    "test_flash_backward_triton[False]": "flash_triton::backward::full",
+    "test_flash_backward_triton[True]": "flash_triton::backward::causal",
+}
 
 
 def prepare(old_commit: str) -> None:
@@ -172,13 +182,17 @@ def summarize(reports: Path) -> dict:
         data = json.loads(results.read_text())
         tests = data.get("tests", [])
         parts = data.get("extra_data", {}).get("parts", {})
-        course = {}
+        course, checks = {}, {}
         for slot in ("flash_pytorch", "flash_triton"):
             mine = [t for t in tests if t.get("part") == slot and t.get("tier") == "course"]
             course[slot] = (sum(status_of(t) == STATUS_PASSED for t in mine), len(mine))
+            for t in mine:  # "<submission>::flash_triton::forward[fp32-128x128-d64-causal]"
+                check, _, case = t["name"].split("::")[-1].partition("[")
+                mask = "causal" if case.rstrip("]").endswith("-causal") else "full"
+                checks[f"{slot}::{check}::{mask}"] = status_of(t) == STATUS_PASSED
         rows[results.parent.name] = {
             "ungradable": data.get("extra_data", {}).get("ungradable"),
-            "course": course, "score": data.get("score"), "max_score": data.get("max_score"),
+            "course": course, "course_checks": checks, "score": data.get("score"), "max_score": data.get("max_score"),
             "parts": {p: (round(v.get("score", 0), 1), round(v.get("max_score", 0), 1)) for p, v in parts.items()},
             "tf32": sum(t.get("precision") == "tf32" for t in tests),
             "failed": {t["name"].split("::", 1)[1]: (t.get("diagnosis") or t["output"])[:300]
@@ -186,6 +200,23 @@ def summarize(reports: Path) -> dict:
             "notes": data.get("extra_data", {}).get("notes", []),
         }
     return rows
+
+
+def official_agreement(official: dict, graded: dict) -> str:
+    """Each official attention test against the course-tier check of the same case (OFFICIAL_CHECKS):
+    how many agree, and each that does not."""
+    agree, differ = 0, []
+    for name, outcomes in sorted(official.items()):
+        checks = graded.get(name, {}).get("course_checks", {})
+        for test, outcome in outcomes.items():
+            if test in OFFICIAL_CHECKS and outcome != SKIPPED and OFFICIAL_CHECKS[test] in checks:
+                ours = checks[OFFICIAL_CHECKS[test]]
+                agree += ours == (outcome == PASSED)
+                if ours != (outcome == PASSED):
+                    verdict = "passed" if ours else "not passed"
+                    differ.append(f"  {name} {test}: official {outcome}, the grader's {verdict}")
+    return "\n".join([f"official tests against the grader's course-tier checks, test by test: {agree} of "
+                      f"{agree + len(differ)} agree", *differ])
 
 
 def table(official: dict, graded: dict, old: dict | None) -> str:
@@ -266,6 +297,7 @@ def main() -> None:
     old = summarize(args.out / "reports-old") if (args.out / "reports-old").exists() else None
     (args.out / "summary.json").write_text(json.dumps({"official": official, "graded": graded, "old": old}, indent=1))
     print(table(official, graded, old))
+    print(official_agreement(official, graded))
 
 
 if __name__ == "__main__":
