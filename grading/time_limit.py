@@ -10,14 +10,13 @@ xdist, that is the grading's wall clock, as on Gradescope.
 
 Once a submission's time exceeds the limit, an advice check whose turn comes later is cut: it
 fails saying so, earns nothing, and no other group gains its points. Only the checks before it in
-the run's order of checks count (the collection's order, which every process shares, and which
-one process runs them in): one process cuts a check once those before it have taken the limit, and
-under xdist a check's fate depends neither on which of its submission's later checks a worker ran
-first nor on how soon. A scheduler that starts a slow kernel's part early (grading/scheduler.py
-autotuned) cut several times as many of kbjiang's advice checks, its PyTorch slot's among them,
-when every check's time counted (notes/grading-speed.md, "largest kernels first"). Under xdist those before it
-count once they have finished, so no check is cut that one process running them in order would
-not cut. A requirement check is
+the run's order of checks count (the collection's order, which every process shares, and which one
+process runs them in): one process cuts a check once those before it have taken the limit, and
+under xdist, where those before it count once they have finished, no check is cut that one process
+running them in order would not cut, whichever of its submission's later checks a worker ran
+first. When every finished check counted, a scheduler that starts a slow kernel's part early
+(grading/scheduler.py autotuned) cut several times as many of kbjiang's advice checks, its PyTorch
+slot's among them (notes/grading-speed.md, "largest kernels first"). A requirement check is
 never cut, nor a timing check: its cost is bounded on its own (the `timing` timeout, then a
 window of at most a few seconds: grading/checks/timed_window.py), and a class's timing should
 be measured for every submission. The time counts only its own submission's checks, though a
@@ -60,9 +59,9 @@ CUT = "cut: "  # how a cut check's diagnosis begins
 
 
 def cut_diagnosis(limit: float, spent: float) -> str:
-    return (f"{CUT}this submission's time limit of {limit:g} s was spent (its checks had taken {spent:.0f} s when "
-            f"this one's turn came). The limit cuts advice checks only, never a requirement or a timing check; "
-            f"this one earns nothing, and no other group gains its points.")
+    return (f"{CUT}this submission's time limit of {limit:g} s was spent (its checks before this one had taken "
+            f"{spent:.0f} s when its turn came). The limit cuts advice checks only, never a requirement or a "
+            f"timing check; this one earns nothing, and no other group gains its points.")
 
 
 def is_cut(record) -> bool:
