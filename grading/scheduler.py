@@ -39,6 +39,9 @@ collection order. In a class of real repos on one GPU, a worker per core, two th
   of its tracks keep their place. All of such a slot's tracks moved up, whole or in halves, made the
   light submissions wait and ended the class later (notes/grading-speed.md, "an autotuning Triton
   slot moved up"). Measured: notes/grading-speed.md, "largest kernels first".
+- What goes to the head of the queue (a promotion, an autotuner's largest kernels, a slow track's
+  parts) goes behind what went there before it and is still queued (_to_head): a long part moved
+  first is never overtaken by a submission proven slow later.
 
 The worker side is xdist's own (xdist/remote.py): a worker runs its tests in the order it got them,
 and holds the next one back until it has another or a shutdown. So a worker is idle with fewer than
@@ -135,6 +138,7 @@ class GradingScheduling(LoadGroupScheduling):
         self.promotions = []  # the line of each move or split, saying why
         self.proven = {}  # submission -> the largest case its Triton slot answered in time (answered)
         self.fronted = set()  # submissions whose Triton slot autotunes: their largest kernels sent first, once
+        self.moved_up = set()  # units moved to the head of the queue (_to_head): later moves queue behind them
 
     def shared_call(self, nodeid: str) -> str:
         """What a test shares a runner call with (CheckIdentity.shared_call); a test of no identity
@@ -278,12 +282,23 @@ class GradingScheduling(LoadGroupScheduling):
             if not moved:  # all of them handed out already
                 self._split_slow(identity.submission)
                 continue
-            for key in reversed(moved):
-                self.workqueue.move_to_end(key, last=False)
+            self._to_head(moved)
             line = (f"{identity.submission}: {len(moved)} Triton track(s) moved to the head of the queue, since "
                     f"{nodeid.split('::')[-1].split('@')[0]} had run {now - began:.0f} s")
             self._say(line)
             self._split_slow(identity.submission)
+
+    def _to_head(self, keys: list) -> None:
+        """Move queued units to the head of the queue, in their order, behind those moved there before
+        them that are still queued: a later move never overtakes an earlier one. cherryni2022's last
+        1024 part, which waits out a flash timeout, went behind the tracks and parts of a submission
+        promoted a second later, began minutes after its other parts and ended the class
+        (notes/grading-speed.md, "largest kernels first")."""
+        ahead = [key for key in self.workqueue if key in self.moved_up and key not in keys]
+        rest = [key for key in self.workqueue if key not in self.moved_up and key not in keys]
+        for key in [*ahead, *keys, *rest]:
+            self.workqueue.move_to_end(key)
+        self.moved_up.update(keys)
 
     def _say(self, line: str) -> None:
         self.promotions.append(line)
@@ -383,8 +398,7 @@ class GradingScheduling(LoadGroupScheduling):
             for nodeid in largest[0]:
                 del unit[nodeid]
             fronted += self._new_parts(key[0], largest)
-        for key in reversed(fronted):
-            self.workqueue.move_to_end(key, last=False)
+        self._to_head(fronted)
         if fronted:
             self._say(f"{submission}: its Triton slot autotunes: its largest kernels to the head of the queue, "
                       f"{self._describe(fronted)}")
@@ -401,6 +415,8 @@ class GradingScheduling(LoadGroupScheduling):
         at = order.index(key) + 1
         for k in [*order[:at], *parts, *order[at:]]:  # the parts right after the track
             self.workqueue.move_to_end(k)
+        if key in self.moved_up:  # and with it among the units moved to the head
+            self.moved_up.update(parts)
         self._say(f"{key[0]}: split into {1 + len(parts)} parts: {self._describe(parts)}")
 
     def _describe(self, parts: list) -> str:
@@ -474,8 +490,7 @@ class GradingScheduling(LoadGroupScheduling):
             for nodeid in nodeids:
                 del unit[nodeid]
             parts = self._new_parts(request.key[0], request.groups)
-            for key in reversed(parts):
-                self.workqueue.move_to_end(key, last=False)
+            self._to_head(parts)
             self._say(f"{request.key[0]}: from {node.gateway.id} to the head of the queue, {len(parts)} part(s): "
                       f"{self._describe(parts)}")
         elif nodeids:

@@ -293,6 +293,28 @@ def test_a_triton_check_that_runs_long_moves_its_submissions_triton_tracks_up():
     assert not unmoved.promotions
 
 
+def test_a_later_move_to_the_head_of_the_queue_goes_behind_an_earlier_one():
+    """first's memory check runs long, then second's: each moves its Triton tracks to the head of the
+    queue, and second's go behind first's, still queued, not in front of them."""
+    collection = [nodeid_of("test_no_score_matrix", "triton-forward", "memory-triton", name)
+                  for name in ("first", "second")]
+    collection += [t for k in range(4) for t in pairs("pytorch", 1, f"quick{k}")]
+    collection += pairs("triton-bf16-full", 1, "first") + pairs("triton-bf16-causal", 1, "first")
+    collection += pairs("triton-bf16-full", 1, "second")
+    clock = [0.0]
+    scheduler, nodes, sent = start(collection, 2, clock=lambda: clock[0])
+    scheduler.started(collection[0])
+    clock[0] = 10.0
+    scheduler.started(collection[1])
+    clock[0] = 60.0
+    scheduler.started(collection[2])  # any event: first's check has run 60 s
+    clock[0] = 70.0
+    scheduler.started(collection[3])
+    assert [line.split(":")[0] for line in scheduler.promotions] == ["first", "second"]
+    assert [key[0] for key in scheduler.workqueue][:3] == ["first/triton-bf16-full", "first/triton-bf16-causal",
+                                                           "second/triton-bf16-full"]
+
+
 def test_only_the_triton_slot_running_long_moves_tracks():
     """A PyTorch check of a minute (a torch.compile'd slot's first case on the CPU) says nothing of
     the Triton slot; and a submission moves once."""
