@@ -398,10 +398,11 @@ class GradingScheduling(LoadGroupScheduling):
             for nodeid in largest[0]:
                 del unit[nodeid]
             fronted += self._new_parts(key[0], largest)
+        if not fronted:
+            return
         self._to_head(fronted)
-        if fronted:
-            self._say(f"{submission}: its Triton slot autotunes: its largest kernels to the head of the queue, "
-                      f"{self._describe(fronted)}")
+        self._say(f"{submission}: its Triton slot autotunes: its largest kernels to the head of the queue, "
+                  f"{self._describe(fronted)}")
 
     def _split_queued(self, key, proven: int) -> None:
         unit = self.workqueue[key]
