@@ -23,6 +23,11 @@ stretch more than 5% over its run's median, what the record says held it: the ph
 way to the grader, launches the CPU bounded, a launching thread that waited for a core, or the
 GPU itself.
 
+Runs from a grader that records what the student's autotuners chose in the warm-up (`student_chose`,
+fa2_sandbox/runner/steady_autotune.py) also get, for every submission whose own fastest stretch moved
+more than 5% between two runs, whether the choices were the same: a submission that chose another
+config is timing another kernel.
+
 Only windows that timed both sides in full count (no stopped pass, no failed side). The bundled
 triton_backward_python_loop is left out: its window holds one reference round and its ratio is
 in the thousands.
@@ -174,6 +179,31 @@ def print_causes(runs: list) -> None:
                   f"by the reference's own record:\n    " + "\n    ".join(slow))
 
 
+def choices_said(chose: list) -> str:
+    """Two runs' `student_chose` of one submission, in words."""
+    if None in chose:
+        return "no record of its choices"
+    if chose[0] == chose[1]:
+        return "chose the same configs"
+    other = {c["kernel"]: c["config"] for c in chose[1]}
+    return "chose other configs: " + "; ".join(f"{c['kernel']} {c['config']} / {other.get(c['kernel'], '-')}"
+                                               for c in chose[0] if c not in chose[1])
+
+
+def print_choices(runs: list) -> None:
+    """Each submission whose own fastest stretch moved over WITHIN between two runs, with its choices."""
+    for a, b in itertools.combinations(runs, 2):
+        lines = []
+        for s in sorted(set(a["windows"]) & set(b["windows"])):
+            rows = a["windows"][s], b["windows"][s]
+            move = ratio_student_alone(rows[1], b) / ratio_student_alone(rows[0], a) - 1
+            if abs(move) > WITHIN:
+                lines.append(f"{s}: {move:+.1%}, {choices_said([row.get('student_chose') for row in rows])}")
+        if lines:
+            print(f"\n{a['label']} / {b['label']}: the student's fastest stretch moved over 5%:\n    "
+                  + "\n    ".join(lines))
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("runs", nargs="+", type=Path)
@@ -186,6 +216,7 @@ def main(argv=None) -> int:
     print_pairs(runs)
     print_reference(runs, args.slot)
     print_causes(runs)
+    print_choices(runs)
     return 0
 
 

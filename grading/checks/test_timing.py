@@ -206,7 +206,7 @@ def measure_budget(c, session, submission, runners, slot, case, budget, timeout,
               "reference_stretches_ms": [round(t, 3) for t in m.reference_ms],
               "reference_own_stretches": m.reference_own, "reference_rounds_before": m.reference_rounds_before,
               "first_ms": m.first_ms, "decided_early": m.decided_early, "stopped_after_s": m.stopped_after_s,
-              "window": tw.window_record(window, m.steps)}
+              "window": tw.window_record(window, m.steps), "student_chose": chosen_configs(warm[0])}
     c.update(timing=timing)  # kept whatever the verdict: the run's summary adds up the windows
     if m.failed == "student":
         c.settle_reply(m.failure)
@@ -218,6 +218,16 @@ def measure_budget(c, session, submission, runners, slot, case, budget, timeout,
         c.settle_reply(outputs)
         judge_timed_outputs(c, session, outputs, case)
     return timing
+
+
+def chosen_configs(warm_reply) -> list:
+    """What the student's autotuners chose in its warm-up (fa2_sandbox/runner/steady_autotune.py), as
+    its runner said: kept so that runs can be compared, never judged."""
+    chosen = warm_reply.result.get("chosen") if isinstance(warm_reply.result, dict) else None
+    if not isinstance(chosen, list):
+        return []
+    return [{"kernel": str(c.get("kernel"))[:100], "config": str(c.get("config"))[:300]}
+            for c in chosen[:16] if isinstance(c, dict)]
 
 
 def against_budget(ratio, budget_ratio) -> str:

@@ -2,7 +2,7 @@
 what the reference's own record says held a slow stretch."""
 import json
 
-from bench.timing_stability import cause, load, main, pair_line, ratio_run_median, ratio_window
+from bench.timing_stability import cause, choices_said, load, main, pair_line, ratio_run_median, ratio_window
 
 
 def run(folder, label, reference_by_submission, student=10.0, own=None):
@@ -49,3 +49,19 @@ def test_the_tool_prints_pairs_first_windows_and_causes(tmp_path, capsys):
     assert "| a / b | 5 | 4 within 5%" in out
     assert "first windows of a worker's kept reference: 10 windows" in out and "1.28 (b s0)" in out
     assert "s0 stretch 1: 2.10 ms outside" in out and "-> the GPU" in out
+
+
+def test_a_student_whose_own_reading_moved_is_shown_with_what_its_autotuners_chose():
+    chose = [{"kernel": "fwd", "config": "BLOCK: 64"}, {"kernel": "bwd", "config": "BLOCK: 32"}]
+    other = [{"kernel": "fwd", "config": "BLOCK: 32"}, {"kernel": "bwd", "config": "BLOCK: 32"}]
+    assert choices_said([chose, list(chose)]) == "chose the same configs"
+    assert choices_said([chose, other]) == "chose other configs: fwd BLOCK: 64 / BLOCK: 32"
+    assert choices_said([chose, None]) == "no record of its choices"
+
+
+def test_the_tool_names_the_moved_submissions(tmp_path, capsys):
+    steady = {f"s{i}": [1.6, 1.56, 1.58, 1.57] for i in range(2)}
+    a, b = run(tmp_path / "a", "a", steady, student=2.0), run(tmp_path / "b", "b", steady, student=2.3)
+    assert main([str(a), str(b)]) == 0
+    assert "a / b: the student's fastest stretch moved over 5%:\n    s0: +15.0%, no record of its choices" in \
+        capsys.readouterr().out

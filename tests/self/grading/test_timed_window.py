@@ -15,6 +15,7 @@ from fa2_sandbox.wire import outcomes
 from fa2_sandbox.wire.cases import FlashCase
 from fa2_sandbox.wire.requests import Flash, PrepareTiming, WarmTiming
 from grading.checks import timed_window as tw
+from grading.checks.test_timing import chosen_configs
 
 ROOT = Path(__file__).resolve().parents[3]
 CASE = FlashCase(batch=(64,), n_queries=4096, n_keys=4096, head_dim=64, dtype="bfloat16", is_causal=True)
@@ -168,7 +169,8 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
     reference = SubmissionRunner(load_submission(ROOT / "submissions" / "reference"), import_timeout=120)
     try:
         for runner, passes in ((student, 1), (reference, tw.REFERENCE_INPUTS)):
-            assert runner.call(WarmTiming("pytorch", case, seed=5, device="cpu"), 120).ok
+            warm = runner.call(WarmTiming("pytorch", case, seed=5, device="cpu"), 120)
+            assert warm.ok and chosen_configs(warm) == []  # nothing autotuned (steady_autotune.py)
             assert runner.call(PrepareTiming("pytorch", case, seed=5, passes=passes, device="cpu"), 120).ok
         started = time.monotonic()
         m = tw.measure(student, reference, case, 3.0, started + tw.WINDOW_S, student_passes=1, device="cpu")
@@ -184,6 +186,17 @@ def test_a_real_runner_that_outlasts_the_window_is_stopped_within_it(tmp_path):
     for own, outside in zip(m.reference_own, m.reference_ms):
         assert own["gpu_ms"] is None and 0 < own["enqueue_ms"] <= own["own_ms"]
         assert own["own_ms"] <= outside * 1.5 + 1  # the harness's stamps add the messages' way, little on an idle CPU
+
+
+def test_what_a_warm_up_says_its_autotuners_chose_is_kept_bounded():
+    """The runner's word (steady_autotune.py): kept in the timing row to compare runs, never judged,
+    so whatever a submission's process sends is cut to a few short strings."""
+    said = [{"kernel": "flash_fwd", "config": "BLOCK: 64"}, "junk", {"kernel": "k" * 500}] + [{}] * 40
+    kept = chosen_configs(Reply(outcomes.OK, result={"chosen": said}))
+    assert kept[0] == {"kernel": "flash_fwd", "config": "BLOCK: 64"}
+    assert len(kept) == 15 and len(kept[1]["kernel"]) == 100  # 16 looked at, the string left out
+    assert chosen_configs(Reply(outcomes.OK, result={"chosen": "all of them"})) == []
+    assert chosen_configs(Reply(outcomes.TIMEOUT)) == []
 
 
 def test_a_warm_up_gets_what_the_start_left_of_the_limit_and_its_timeout_is_a_sentence():
