@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from fa2_sandbox.harness import confinement, forked, kernel_cache
+from fa2_sandbox.harness.compile_credit import CompileCredit
 from fa2_sandbox.harness.discover import Submission
 from fa2_sandbox.harness.scratch import PROJECT_ROOT, ScratchFolder  # noqa: F401 (PROJECT_ROOT: tests import it here)
 from fa2_sandbox.harness.watchdog import OutputTail, Watchdog, gib, kill_runner, runner_identity
@@ -320,22 +321,27 @@ class SubmissionRunner:
     def _wait(self, phase, deadline, timeout, event, what, suffix, holding=None, until=None):
         self.phases = {}
         credited = 0.0  # seconds of pause already added to the deadline
+        compiling = CompileCredit(timeout)  # an autotuner's compiles do not count either (compile_credit.py)
         while True:
             try:
                 message = self.channel.receive(timeout=max(0.0, deadline - time.monotonic()))
             except ReceiveTimeout:
                 paused = holding.paused_s() if holding is not None else 0.0
-                # A timing window stopped the runner: its time does not count, up to `until`.
-                if paused > credited and (until is None or time.monotonic() < until):
+                owed = max(0.0, paused - credited) + compiling.owed()
+                # A timing window stopped the runner, or it compiled an autotuner's configs: that time
+                # does not count, up to `until`.
+                if owed > 0 and (until is None or time.monotonic() < until):
                     # (at least a second on: a pause still under way would otherwise poll the ledger in a loop)
-                    deadline = max(deadline + paused - credited, time.monotonic() + 1.0)
+                    deadline = max(deadline + owed, time.monotonic() + 1.0)
                     deadline = deadline if until is None else min(deadline, until)
-                    credited = paused
+                    credited = max(credited, paused)
                     continue
                 if self.watchdog.killed_for:  # the watchdog killed it just now
                     return self._died(phase, what)
                 self.stop()  # the phases so far say how far it got (a timing budget's passes)
-                return Reply(outcomes.TIMEOUT, f"timed out after {timeout:g} s in {phase}{suffix}",
+                more = (f"; {compiling.credited:.0f} s more were given for compiling an autotuner's configs"
+                        if compiling.credited >= 1 else "")
+                return Reply(outcomes.TIMEOUT, f"timed out after {timeout:g} s in {phase}{suffix}{more}",
                              phases=dict(self.phases))
             except ChannelClosed:
                 return self._died(phase, what)
@@ -350,6 +356,8 @@ class SubmissionRunner:
                 if len(self.phases) < MAX_PHASES:
                     phase = str(message.get("phase"))[:40]
                     self.phases[phase] = time.monotonic()
+            elif message.get("event") == "compiling":
+                compiling.heard(message)
             elif message.get("event") == event:
                 return message
 

@@ -14,7 +14,13 @@ autotuner's own loop, which meets its error and handles it as it always did. Not
 where the autotuner does not time (a result read from Triton's autotuning cache), nor under the
 interpreter (nothing to compile). GRADER_AUTOTUNE_SIDE_BY_SIDE=0 in the grader's environment turns
 it off in every runner (scratch.py passes it on), for a class run to compare with.
+
+While it compiles, the runner tells the harness (`compiling`, an event on the runner's channel that
+serve.py sets up), and that time does not count against the call's timeout
+(fa2_sandbox/harness/compile_credit.py): beside a class, an autotuner's compiles share the cores
+with every other runner's, and how long they take is the class's, not the student's.
 """
+import contextlib
 import os
 from concurrent.futures import ThreadPoolExecutor
 
@@ -24,6 +30,24 @@ from concurrent.futures import ThreadPoolExecutor
 WORKERS = 4
 UNBUILT = "_grader_configs_to_compile"  # set on an Autotuner between its pruning and its first timing
 SWITCH = "GRADER_AUTOTUNE_SIDE_BY_SIDE"
+_tell = [None]  # serve.py: a function of one bool that sends the harness the event "compiling"
+
+
+def tell_with(send) -> None:
+    """Where `compiling` says that a compile begins (send(True)) and ends (send(False))."""
+    _tell[0] = send
+
+
+@contextlib.contextmanager
+def compiling():
+    send = _tell[0]
+    if send is not None:
+        send(True)
+    try:
+        yield
+    finally:
+        if send is not None:
+            send(False)
 
 
 def install() -> bool:
@@ -62,7 +86,7 @@ def compile_configs(fn, args, meta, configs) -> None:
 
     meta = {k: v for k, v in meta.items() if k not in ("grid", "warmup")}
     try:
-        with ThreadPoolExecutor(min(len(configs), WORKERS), thread_name_prefix="grader-compile") as pool, \
+        with compiling(), ThreadPoolExecutor(min(len(configs), WORKERS), thread_name_prefix="grader-compile") as pool, \
                 triton.AsyncCompileMode(pool, ignore_errors=True):
             for config in configs:
                 try:

@@ -437,6 +437,7 @@ def main() -> None:
     channel = Channel(int(sys.argv[1]), int(sys.argv[2]))
     faulthandler.enable()  # a segfault leaves its Python stack in the log
     config = channel.receive()
+    parallel_autotune.tell_with(lambda on: channel.send({"event": "compiling", "on": on}))
     if instruments.install_triton_launch_counter() and os.environ.get("TRITON_INTERPRET") == "1":
         from fa2_sandbox.runner.triton_interpreter import ensure_bf16
         ensure_bf16(interpreted=True)

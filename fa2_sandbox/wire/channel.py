@@ -6,6 +6,7 @@ goes to its log and can never be mistaken for a message.
 import json
 import os
 import select
+import threading
 import time
 
 MAX_MESSAGE = 16 << 20  # bytes
@@ -23,11 +24,13 @@ class Channel:
     def __init__(self, read_fd: int, write_fd: int):
         self.read_fd, self.write_fd = read_fd, write_fd
         self._buffer = b""
+        self._sending = threading.Lock()  # a runner's "compiling" event may come from any thread that launched a kernel
 
     def send(self, message: dict) -> None:
         data = (json.dumps(message) + "\n").encode()
-        while data:
-            data = data[os.write(self.write_fd, data):]
+        with self._sending:  # one message's bytes never interleave with another's
+            while data:
+                data = data[os.write(self.write_fd, data):]
 
     def receive(self, timeout: float | None = None) -> dict:
         deadline = None if timeout is None else time.monotonic() + timeout

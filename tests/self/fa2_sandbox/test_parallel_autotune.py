@@ -96,3 +96,18 @@ def test_the_switch_turns_it_off_in_the_runners(tmp_path, monkeypatch):
              "assert not parallel_autotune.install() and Autotuner._bench is before")
     subprocess.run([sys.executable, "-c", check], env={**os.environ, **env, "PYTHONPATH": str(PROJECT_ROOT)},
                    check=True, timeout=120)
+
+
+def test_the_side_by_side_compile_tells_the_harness_when_it_begins_and_ends():
+    """So that its time does not count against the call's timeout (fa2_sandbox/harness/compile_credit.py)."""
+    told = []
+    kernel, tuned = autotuned([16, 32], {16: 2.0, 32: 1.0})
+    parallel_autotune.tell_with(lambda on: told.append((on, len(kernel.calls))))
+    try:
+        tuned.run("x", 7, grid=(1,), warmup=False)
+        assert told == [(True, 0), (False, 2)]  # around the two compiles, before any config ran
+        told.clear()
+        tuned.run("y", 7, grid=(1,), warmup=False)  # nothing to compile
+        assert told == []
+    finally:
+        parallel_autotune.tell_with(None)
