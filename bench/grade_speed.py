@@ -453,6 +453,7 @@ def print_phases(r: dict) -> None:
             raised = (f", {w['real_time_threads']:g} of {w.get('raised_threads', 0):g} timed threads in real time"
                       if "real_time_threads" in w else "")  # watchdog.ahead_of_the_others
             raised += f" (refused: {w['real_time_refused']})" if w.get("real_time_refused") else ""
+            raised += f", {w['raised_sessions']:g} sessions raised" if "raised_sessions" in w else ""
             print(f"    {name}: waited {w.get('waited_s')} s, in flight {w.get('in_flight_s')} s, "
                   f"paused {w.get('paused')} runners for {w.get('held_s')} s, measured {w.get('measured_s')} s"
                   + raised)

@@ -101,6 +101,13 @@ def signal_runner(identity: dict, sig: int) -> None:
 # SCHED_RESET_ON_FORK: what a timed thread starts in the window is an ordinary thread, so a submission
 # cannot spread real-time threads; the kernel's real-time throttling (sched_rt_runtime_us) leaves the
 # ordinary class a share of every core all the same, and a window lasts seconds (timed_window.WINDOW_S).
+# Where real time is refused, nice alone is not enough either: with Linux's autogroups
+# (/proc/sys/kernel/sched_autogroup_enabled, on in the device's kernel as on CI's) the scheduler shares
+# the CPU between sessions first and by nice only within one, and every runner is a session of its
+# own (setsid). A timed thread at TIMED_NICE then still waited behind every other runner's session;
+# the session's autogroup at TIMED_NICE put it ahead (bench/session_priority.py; notes/grading-speed.md,
+# "Nice orders threads within a session only"). So the timed runners' sessions are raised too, never
+# the grader's own (its terminal's session, every worker's).
 TIMED_POLICY = os.SCHED_RR | os.SCHED_RESET_ON_FORK
 TIMED_NICE = -10  # where real time is refused (a grader that is not root, a container without it)
 
@@ -109,6 +116,7 @@ class Raised(NamedTuple):
     threads: int  # raised at all
     real_time: int  # of them, under TIMED_POLICY (the others at TIMED_NICE)
     refused: str = ""  # why real time was refused, the first such error: "" where none was
+    sessions: int = 0  # the runners' sessions (autogroups) raised to TIMED_NICE
 
 
 class Before(NamedTuple):
@@ -155,12 +163,14 @@ def _put_back(tid: int, before: Before) -> None:
 @contextlib.contextmanager
 def ahead_of_the_others(pids: list):
     """For the block, every thread of the processes `pids` runs ahead of the others (TIMED_POLICY, or
-    TIMED_NICE where real time is refused); yields how many threads were raised (Raised: none where
-    this user may raise none, as only root may). A timing window pauses the other runners' GPU calls,
+    TIMED_NICE where real time is refused), and so do their sessions' autogroups, the grader's own
+    session apart; yields how many threads and sessions were raised (Raised: none where this user may
+    raise none, as only root may). A timing window pauses the other runners' GPU calls,
     not their CPU work: with a runner per core keeping every core busy, a timed runner that waited for
     a core between two launches read several times its own time, while SDPA, timed on the GPU by
     events, read its idle time (notes/grading-speed.md, "Ratios, the Triton budget")."""
-    before, refusals = {}, []
+    before, refusals, sessions = {}, [], {}  # sessions: autogroup name -> (its nice before, its pids)
+    own = (_autogroup("self") or (None, 0))[0]
     for pid in pids:
         try:
             threads = [int(t) for t in os.listdir(f"/proc/{pid}/task")]
@@ -169,11 +179,39 @@ def ahead_of_the_others(pids: list):
         for tid in threads:
             if (old := _raise(tid, refusals)) is not None:
                 before[tid] = old
+        if (group := _autogroup(pid)) is None or group[0] == own:
+            continue
+        if group[0] in sessions:
+            sessions[group[0]][1].append(pid)
+        elif _set_autogroup(pid, TIMED_NICE):
+            sessions[group[0]] = (group[1], [pid])
     try:
-        yield Raised(len(before), sum(1 for old in before.values() if old.real_time), next(iter(refusals), ""))
+        yield Raised(len(before), sum(1 for old in before.values() if old.real_time), next(iter(refusals), ""),
+                     len(sessions))
     finally:
         for tid, old in before.items():
             _put_back(tid, old)
+        for nice, members in sessions.values():
+            any(_set_autogroup(pid, nice) for pid in members)  # through the first still alive
+
+
+def _autogroup(pid) -> "tuple[str, int] | None":
+    """(name, nice) of the autogroup of process `pid` ("self": this one); None without autogroups."""
+    try:
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        return name, int(nice)
+    except (OSError, ValueError):
+        return None
+
+
+def _set_autogroup(pid, nice: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/autogroup", "w") as f:
+            f.write(str(nice))
+        return True
+    except OSError:  # gone meanwhile, or not ours to raise
+        return False
 
 
 class Watchdog:

@@ -191,7 +191,8 @@ def measure_budget(c, session, submission, runners, slot, case, budget, timeout,
             session.gpu_ledger.window(window_bytes(case, warm), f"timing {submission.name} {slot}",
                                       say=student.note) as window:
         started = time.monotonic()
-        window["raised_threads"], window["real_time_threads"], window["real_time_refused"] = raised
+        (window["raised_threads"], window["real_time_threads"], window["real_time_refused"],
+         window["raised_sessions"]) = raised
         window["in_flight_s"] = wait_for_idle_gpu(torch.cuda.current_device(), tw.IDLE_WAIT_S)
         m = tw.measure(student, reference, case, budget["ratio"], started + tw.WINDOW_S)
         time_left = started + tw.WINDOW_S - time.monotonic()

@@ -85,6 +85,34 @@ def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
 
 
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
+@pytest.mark.skipif(not os.path.exists("/proc/self/autogroup"), reason="this kernel has no autogroups")
+def test_a_timed_runners_session_runs_ahead_of_the_others_and_the_graders_own_does_not():
+    """Under autogroups a thread's nice orders it only within its session, and every runner is a
+    session of its own: the window raises the runner's session too (its autogroup), puts it back
+    after, and leaves the grader's own session (its terminal's, every worker's) as it was."""
+    from fa2_sandbox.harness.client import SubmissionRunner
+    from fa2_sandbox.harness.discover import load_submission
+    from fa2_sandbox.harness.watchdog import TIMED_NICE, ahead_of_the_others, runner_pids
+
+    def session(pid):
+        with open(f"/proc/{pid}/autogroup") as f:
+            name, _, nice = f.read().split()
+        return name, int(nice)
+
+    runner = SubmissionRunner(load_submission(PROJECT_ROOT / "submissions" / "reference"))
+    try:
+        pids = runner_pids(runner.identity())
+        own, theirs = session("self"), session(pids[0])
+        assert own[0] != theirs[0]  # the runner is a session of its own
+        with ahead_of_the_others(pids + [os.getpid()]) as raised:
+            assert raised.sessions == 1 and session(pids[0]) == (theirs[0], TIMED_NICE)
+            assert session("self") == own
+        assert session(pids[0]) == theirs and session("self") == own
+    finally:
+        runner.close()
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
 def test_what_a_raised_thread_starts_is_ordinary():
     """SCHED_RESET_ON_FORK: a thread or a process that a thread raised into real time starts is of the
     ordinary class, so a submission timed in a window cannot leave real-time threads behind it."""
