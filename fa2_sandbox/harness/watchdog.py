@@ -102,9 +102,9 @@ def signal_runner(identity: dict, sig: int) -> None:
 # cannot spread real-time threads; the kernel's real-time throttling (sched_rt_runtime_us) leaves the
 # ordinary class a share of every core all the same, and a window lasts seconds (timed_window.WINDOW_S).
 # Where real time is refused, nice alone is not enough either: with Linux's autogroups
-# (/proc/sys/kernel/sched_autogroup_enabled, on in the device's kernel as on CI's) the scheduler shares
-# the CPU between sessions first and by nice only within one, and every runner is a session of its
-# own (setsid). A timed thread at TIMED_NICE then still waited behind every other runner's session;
+# (/proc/sys/kernel/sched_autogroup_enabled, on in many kernels, the Firecracker guests' among them)
+# the scheduler shares the CPU between sessions first and by nice only within one, and every runner
+# is a session of its own (setsid). A timed thread at TIMED_NICE then still waited behind every other runner's session;
 # the session's autogroup at TIMED_NICE put it ahead (bench/session_priority.py; notes/grading-speed.md,
 # "Nice orders threads within a session only"). So the timed runners' sessions are raised too, never
 # the grader's own (its terminal's session, every worker's).
