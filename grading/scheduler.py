@@ -294,8 +294,9 @@ class GradingScheduling(LoadGroupScheduling):
         1024 part, which waits out a flash timeout, went behind the tracks and parts of a submission
         promoted a second later, began minutes after its other parts and ended the class
         (notes/grading-speed.md, "largest kernels first")."""
-        ahead = [key for key in self.workqueue if key in self.moved_up and key not in keys]
-        rest = [key for key in self.workqueue if key not in self.moved_up and key not in keys]
+        moving = set(keys)
+        ahead = [key for key in self.workqueue if key in self.moved_up and key not in moving]
+        rest = [key for key in self.workqueue if key not in self.moved_up and key not in moving]
         for key in [*ahead, *keys, *rest]:
             self.workqueue.move_to_end(key)
         self.moved_up.update(keys)
