@@ -6,6 +6,7 @@ Prepare here (the corpus is never committed: corpus/ and .whl/ are git-ignored):
     fetch github:<owner>/<name> for each line of ../shared/corpus/repos.txt, then
     MIRROR=/work/.mirror bash ../shared/corpus/build.sh corpus
     python bench/grade_corpus.py prepare          # the official tests, the wheels, the old grader
+    python bench/grade_corpus.py prepare --old-commit 1a8bbb9   # the old grader as issue 53 measures against
 
 Run on a GPU (the device), from the repository root:
 
@@ -37,6 +38,8 @@ OFFICIAL = CORPUS / ".official"  # the course's tests (hidden from --impl globs)
 COURSE_YEARS = {"2025": "e495ed7", "2026": "9d95f3b"}
 DISTRIBUTED_TESTS = ("test_ddp.py", "test_ddp_individual_parameters.py", "test_sharded_optimizer.py", "test_fsdp.py")
 OLD_GRADER = CORPUS / ".old-grader"
+PROFILE = Path("fa2_sandbox/runner/cpu_profile.py")
+PROFILE_HOOKS = ROOT / "bench" / "device" / "profile-hooks.patch"
 WHEELS = ROOT / ".whl"
 COURSE_REPO = "/work/.mirror/stanford-cs336+assignment2-systems/repo"
 sys.path.insert(0, str(ROOT))
@@ -57,6 +60,16 @@ OFFICIAL_CHECKS = {
 }
 
 
+def add_profile_hooks(grader: Path) -> str:
+    """An archived grader older than the CPU account's runner profile (fa2_sandbox/runner/cpu_profile.py,
+    b3824fb) gets today's profile and the two hooks that report it (bench/device/profile-hooks.patch:
+    the runner's totals in each reply, the client's line of GRADER_CPU_LOG), so bench/grade_speed.py
+    splits its class's CPU by phase as it does today's: requirement 2 of issue 53 compares the two."""
+    shutil.copy(ROOT / PROFILE, grader / PROFILE)
+    subprocess.run(["patch", "-s", "-p1", "-d", str(grader), "-i", str(PROFILE_HOOKS)], check=True)
+    return " with the CPU account's profile hooks"
+
+
 def prepare(old_commit: str) -> None:
     OFFICIAL.mkdir(parents=True, exist_ok=True)
     test = subprocess.run(["git", "--git-dir", COURSE_REPO, "show", "HEAD:tests/test_attention.py"],
@@ -75,7 +88,8 @@ def prepare(old_commit: str) -> None:
     OLD_GRADER.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", old_commit], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(OLD_GRADER)], input=archive, check=True)
-    print(f"official tests in {OFFICIAL}, grader {old_commit} in {OLD_GRADER}")
+    hooks = "" if (OLD_GRADER / PROFILE).exists() else add_profile_hooks(OLD_GRADER)
+    print(f"official tests in {OFFICIAL}, grader {old_commit}{hooks} in {OLD_GRADER}")
     print("wheels: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl "
           "einops einx frozendict wadler-lindig (see /work/.library/device/README.md)")
 
