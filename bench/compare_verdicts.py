@@ -33,10 +33,13 @@ CUT = "cut: this submission's time limit"
 def verdicts(reports: Path) -> dict:
     """check name -> (Gradescope's status, score), over every submission in `reports`. Reads
     results.json as this grader writes it (each entry a check record plus its score); one of a
-    grader older than that is not read: regrade, or compare the check files (--checks)."""
+    grader older than that stops the comparison: regrade, or compare the check files (--checks)."""
     found = {}
     for path in sorted(reports.glob("*/results.json")):
         for test in json.loads(path.read_text())["tests"]:
+            if "outcome" not in test:  # read as this grader's, its every check would read "failed"
+                raise SystemExit(f"{path} was written by an older grader (its checks have no outcome): "
+                                 f"compare the check files instead, with --checks")
             found[test["name"]] = (status_of(test), test.get("score"))
     return found
 

@@ -2,6 +2,8 @@
 an advice check a time limit cut apart from one that answered differently."""
 import json
 
+import pytest
+
 from bench.compare_verdicts import CUT, check_records, compare_checks, keep, main
 
 
@@ -57,3 +59,18 @@ def test_kept_verdicts_compare_as_the_check_files_they_came_from(tmp_path):
                                    "advice differ (cut by a time limit)": 1}
     assert [line.split("\n")[0] for line in kept[1]] == [line.split("\n")[0] for line in files[1]] == [
         "requirement: alice::forward[x]: passed -> failed"]
+
+
+def test_an_older_graders_results_json_is_refused_not_misread(tmp_path, monkeypatch):
+    """An older grader's results.json (before the check records: a Gradescope entry, its status and
+    its extra_data) must not read as a class of failures: the comparison stops and names --checks."""
+    old = {"name": "alice::flash_pytorch::forward[x]", "score": 1.0, "max_score": 1.0, "status": "passed",
+           "extra_data": {"outcome": "passed"}}
+    for folder, entry in (("old", old), ("new", {**record("flash_pytorch::forward[x]", "passed"), "score": 1.0})):
+        (tmp_path / folder / "alice").mkdir(parents=True)
+        (tmp_path / folder / "alice" / "results.json").write_text(json.dumps({"tests": [entry]}))
+    monkeypatch.setattr("sys.argv", ["compare_verdicts.py", str(tmp_path / "new"), str(tmp_path / "new")])
+    assert main() == 0
+    monkeypatch.setattr("sys.argv", ["compare_verdicts.py", str(tmp_path / "old"), str(tmp_path / "new")])
+    with pytest.raises(SystemExit, match="older grader .* --checks"):
+        main()
