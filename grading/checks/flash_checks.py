@@ -45,8 +45,14 @@ def expected_tf32(case, seed, device):
 
 @lru_cache(maxsize=32)  # each up to ~8 MB, more while computed; a class tries many mistakes
 def mistaken(case, seed, device, mistake, shared=None):
-    """What a known mistake gives on this case's inputs (for diagnoses)."""
-    return mistakes.oracle_of(mistake, expected(case, seed, device, shared)[0], case)
+    """What a known mistake gives on this case's inputs (for diagnoses). A class's wrong submissions
+    fail the same cases and their diagnoses try the same mistakes on them: on the CPU the run's
+    workers compute each once between them, through `shared`, as they do the oracles
+    (notes/grading-speed.md, "The diagnoses' mistaken oracles, once per class")."""
+    def compute():
+        return mistakes.oracle_of(mistake, expected(case, seed, device, shared)[0], case)
+
+    return compute() if shared is None or device != "cpu" else shared.get((case, seed, device, mistake), compute)
 
 
 def oracle_bytes(case) -> int:

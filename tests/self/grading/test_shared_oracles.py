@@ -1,5 +1,6 @@
 """The CPU cases' oracles, shared by a run's workers (grading/checks/shared_oracles.py): computed by one
 process, read by the others, never read from a file that its key did not sign."""
+import dataclasses
 import secrets
 import subprocess
 import sys
@@ -69,3 +70,19 @@ def test_a_shared_oracle_is_the_one_computed_here(tmp_path):
             for name in want:
                 pairs = zip(got[name], want[name]) if isinstance(want[name], tuple) else [(got[name], want[name])]
                 assert all(torch.equal(a, b) for a, b in pairs), name
+
+
+def test_a_shared_mistaken_oracle_is_the_one_computed_here(tmp_path):
+    """A diagnosis's mistaken oracle of a CPU case is computed once for the run's workers and read
+    back bit for bit; a GPU case's is not written (each worker computes its own there)."""
+    case = dataclasses.replace(COURSE_CASE, is_causal=True)
+    shared = SharedOracles(tmp_path, secrets.token_hex(32))
+    computed = flash_checks.mistaken.__wrapped__(case, 4242, "cpu", "non-causal")
+    first = flash_checks.mistaken.__wrapped__(case, 4242, "cpu", "non-causal", shared)  # computed, written
+    written = set(tmp_path.glob("*.pt"))
+    again = flash_checks.mistaken.__wrapped__(case, 4242, "cpu", "non-causal", shared)  # read
+    assert len(written) == 2  # the case's oracle (the mistake's inputs come with it) and the mistake's
+    assert set(tmp_path.glob("*.pt")) == written
+    for value in (first, again):
+        assert value.keys() == computed.keys() and all(torch.equal(value[n], computed[n]) for n in computed)
+    assert not torch.equal(first["o"], flash_checks.expected(case, 4242, "cpu")[1][0]["o"])  # not the oracle
