@@ -60,14 +60,13 @@ OFFICIAL_CHECKS = {
 }
 
 
-def add_profile_hooks(grader: Path) -> str:
+def add_profile_hooks(grader: Path) -> None:
     """An archived grader older than the CPU account's runner profile (fa2_sandbox/runner/cpu_profile.py,
     b3824fb) gets today's profile and the two hooks that report it (bench/device/profile-hooks.patch:
     the runner's totals in each reply, the client's line of GRADER_CPU_LOG), so bench/grade_speed.py
     splits its class's CPU by phase as it does today's: requirement 2 of issue 53 compares the two."""
     shutil.copy(ROOT / PROFILE, grader / PROFILE)
     subprocess.run(["patch", "-s", "-p1", "-d", str(grader), "-i", str(PROFILE_HOOKS)], check=True)
-    return " with the CPU account's profile hooks"
 
 
 def prepare(old_commit: str) -> None:
@@ -88,7 +87,10 @@ def prepare(old_commit: str) -> None:
     OLD_GRADER.mkdir(parents=True)
     archive = subprocess.run(["git", "-C", str(ROOT), "archive", old_commit], check=True, capture_output=True).stdout
     subprocess.run(["tar", "-x", "-C", str(OLD_GRADER)], input=archive, check=True)
-    hooks = "" if (OLD_GRADER / PROFILE).exists() else add_profile_hooks(OLD_GRADER)
+    hooked = not (OLD_GRADER / PROFILE).exists()
+    if hooked:
+        add_profile_hooks(OLD_GRADER)
+    hooks = " with the CPU account's profile hooks" if hooked else ""
     print(f"official tests in {OFFICIAL}, grader {old_commit}{hooks} in {OLD_GRADER}")
     print("wheels: python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 ... -d .whl "
           "einops einx frozendict wadler-lindig (see /work/.library/device/README.md)")

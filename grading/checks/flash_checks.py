@@ -22,7 +22,12 @@ POWER_OF_TWO_DIMS = (16, 32, 64, 128)  # the head dims the handout promises; any
 def expected(case, seed, device, shared=None):
     """Inputs, oracle and plain-PyTorch baseline of a case. `shared`: the run's SharedOracles
     (session.oracles), through which the run's workers compute a CPU case's once between them."""
-    return _expected(case, seed, device, shared if device == "cpu" else None)
+    return _expected(case, seed, device, _on_cpu(shared, device))
+
+
+def _on_cpu(shared, device):
+    """`shared` for a case that runs on the CPU, where each oracle costs seconds of a core; None elsewhere."""
+    return shared if device == "cpu" else None
 
 
 # Every submission is graded on the same inputs, so a worker computes each case's oracle once for
@@ -52,7 +57,8 @@ def mistaken(case, seed, device, mistake, shared=None):
     def compute():
         return mistakes.oracle_of(mistake, expected(case, seed, device, shared)[0], case)
 
-    return compute() if shared is None or device != "cpu" else shared.get((case, seed, device, mistake), compute)
+    shared = _on_cpu(shared, device)
+    return compute() if shared is None else shared.get((case, seed, device, mistake), compute)
 
 
 def oracle_bytes(case) -> int:

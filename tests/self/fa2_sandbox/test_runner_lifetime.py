@@ -9,6 +9,7 @@ import time
 
 import pytest
 
+from fa2_sandbox.harness import watchdog
 from fa2_sandbox.harness.scratch import PROJECT_ROOT
 
 HANG = PROJECT_ROOT / "submissions" / "hostile" / "hang_python_loop"
@@ -84,17 +85,9 @@ def test_a_timed_runner_runs_ahead_of_the_others_for_the_window_only():
         runner.close()
 
 
-def _in_an_autogroup() -> bool:
-    """The file is empty where the process's CPU group is a cgroup's (a container's) rather than its session's."""
-    try:
-        with open("/proc/self/autogroup") as f:
-            return bool(f.read().strip())
-    except OSError:
-        return False
-
-
 @pytest.mark.skipif(os.geteuid() != 0, reason="only root may raise a process above nice 0")
-@pytest.mark.skipif(not _in_an_autogroup(), reason="this process is in no autogroup (a cgroup's)")
+# /proc/self/autogroup is empty where the process's CPU group is a cgroup's (a container's, as CI's)
+@pytest.mark.skipif(watchdog._autogroup("self") is None, reason="this process is in no autogroup (a cgroup's)")
 def test_a_timed_runners_session_runs_ahead_of_the_others_and_the_graders_own_does_not():
     """Under autogroups a thread's nice orders it only within its session, and every runner is a
     session of its own: the window raises the runner's session too (its autogroup), puts it back
